@@ -1,0 +1,434 @@
+#include "algorithm/node_collectives.h"
+
+#include <algorithm>
+#include <cstring>
+
+#include "common/error.h"
+
+namespace smddp::algorithm {
+
+using transport::OpDesc;
+
+std::string describeOp(
+    CollectiveKind kind,
+    DataType dtype,
+    ReduceOp op,
+    uint64_t count,
+    int root) {
+  std::string s = str(collectiveName(kind), "(");
+  if (kind == CollectiveKind::kBarrier) {
+    return s + ")";
+  }
+  s += str(dataTypeName(dtype), ", ", count, count == 1 ? " element" : " elements");
+  if (kind == CollectiveKind::kReduceScatter || kind == CollectiveKind::kAllReduce) {
+    s += str(", ", reduceOpName(op));
+  }
+  if (kind == CollectiveKind::kBroadcast) {
+    s += str(", root ", root);
+  }
+  return s + ")";
+}
+
+namespace {
+
+// Splits `count` elements into `parts` contiguous slices, the first
+// count % parts one element longer.
+struct Slices {
+  size_t count;
+  size_t parts;
+  size_t begin(size_t i) const {
+    return i * (count / parts) + std::min(i, count % parts);
+  }
+  size_t size(size_t i) const {
+    return count / parts + (i < count % parts ? 1 : 0);
+  }
+};
+
+size_t ceilDiv(size_t a, size_t b) {
+  return (a + b - 1) / b;
+}
+
+} // namespace
+
+NodeCollectives::NodeCollectives(transport::NodeArena& arena, const Config& config)
+    : arena_(arena), config_(config) {}
+
+bool NodeCollectives::useSingleCopy(size_t bytes_per_rank) const {
+  if (localSize() < 2 || !arena_.singleCopyAvailable()) {
+    return false;
+  }
+  switch (config_.single_copy) {
+    case Tristate::kOn:
+      return true;
+    case Tristate::kOff:
+      return false;
+    default:
+      return bytes_per_rank >= config_.single_copy_min_bytes;
+  }
+}
+
+uint8_t* NodeCollectives::scratch(size_t bytes) {
+  if (scratch_.size() < bytes) {
+    scratch_.resize(bytes);
+  }
+  return scratch_.data();
+}
+
+void NodeCollectives::round(const Deadline& deadline) {
+  arena_.post();
+  arena_.waitAllPhase(arena_.phase(), deadline);
+}
+
+void NodeCollectives::openCall(const OpArgs& args, Path path) {
+  OpDesc& d = arena_.myDesc(args.seq);
+  d.seq = args.seq;
+  d.kind = static_cast<uint8_t>(args.kind);
+  d.dtype = static_cast<uint8_t>(args.dtype());
+  d.redop = static_cast<uint8_t>(args.reduce.op);
+  d.path = path;
+  d.root = args.root;
+  d.count = args.count;
+  d.in_addr = reinterpret_cast<uint64_t>(args.in);
+  d.out_addr = reinterpret_cast<uint64_t>(args.out);
+}
+
+void NodeCollectives::verifyDescs(const OpArgs& args) {
+  const OpDesc& mine = arena_.myDesc(args.seq);
+  bool differ = false;
+  for (int l = 0; l < localSize(); ++l) {
+    const OpDesc& p = arena_.peerDesc(l, args.seq);
+    const bool reduces = args.kind == CollectiveKind::kAllReduce ||
+        args.kind == CollectiveKind::kReduceScatter;
+    if (p.seq != mine.seq || p.kind != mine.kind || p.dtype != mine.dtype ||
+        p.count != mine.count || p.root != mine.root || p.path != mine.path ||
+        (reduces && p.redop != mine.redop)) {
+      differ = true;
+    }
+  }
+  if (!differ) {
+    return;
+  }
+  std::string calls;
+  for (int l = 0; l < localSize(); ++l) {
+    const OpDesc& p = arena_.peerDesc(l, args.seq);
+    calls += str(
+        "; rank ",
+        arena_.groupRankOf(l),
+        ": #",
+        p.seq,
+        " ",
+        describeOp(
+            static_cast<CollectiveKind>(p.kind),
+            static_cast<DataType>(p.dtype),
+            static_cast<ReduceOp>(p.redop),
+            p.count,
+            p.root),
+        p.path == kSingleCopy ? " single-copy" : " staged");
+  }
+  SMDDP_THROW(
+      kMismatch,
+      "ranks disagree on collective #",
+      args.seq,
+      calls,
+      ". Every rank of a group must make the same collective calls in the "
+      "same order, with the same sizes, dtypes and reduce ops (and the same "
+      "SMDDP_* settings)");
+}
+
+// ---------------------------------------------------------------- AllGather
+
+void NodeCollectives::allGather(const OpArgs& args) {
+  const size_t b = args.count * args.elemSize();
+  if (localSize() == 1) {
+    openCall(args, kStaged);
+    copyBytes(args.out, args.in, b);
+    return;
+  }
+  if (useSingleCopy(b)) {
+    allGatherSingleCopy(args);
+  } else {
+    allGatherStaged(args);
+  }
+}
+
+void NodeCollectives::allGatherStaged(const OpArgs& args) {
+  const size_t b = args.count * args.elemSize();
+  const size_t slot = arena_.slotBytes();
+  const size_t rounds = std::max<size_t>(1, ceilDiv(b, slot));
+  const int me = localRank();
+  const auto* in = static_cast<const uint8_t*>(args.in);
+  auto* out = static_cast<uint8_t*>(args.out);
+  openCall(args, kStaged);
+  for (size_t t = 0; t < rounds; ++t) {
+    const size_t off = t * slot;
+    const size_t n = std::min(slot, b - std::min(b, off));
+    const uint32_t parity = arena_.phase() + 1;
+    std::memcpy(arena_.slot(me, parity), in + off, n);
+    round(args.deadline);
+    if (t == 0) {
+      verifyDescs(args);
+    }
+    for (int k = 0; k < localSize(); ++k) {
+      const int l = (me + k) % localSize();
+      uint8_t* dst = out + static_cast<size_t>(l) * b + off;
+      const uint8_t* src = l == me ? in + off : arena_.slot(l, parity);
+      if (dst != src) {
+        std::memcpy(dst, src, n);
+      }
+    }
+  }
+}
+
+void NodeCollectives::allGatherSingleCopy(const OpArgs& args) {
+  const size_t b = args.count * args.elemSize();
+  const int me = localRank();
+  auto* out = static_cast<uint8_t*>(args.out);
+  openCall(args, kSingleCopy);
+  round(args.deadline);
+  verifyDescs(args);
+  copyBytes(out + static_cast<size_t>(me) * b, args.in, b);
+  for (int k = 1; k < localSize(); ++k) {
+    const int l = (me + k) % localSize();
+    arena_.readFrom(l, out + static_cast<size_t>(l) * b, arena_.peerDesc(l, args.seq).in_addr, b);
+  }
+  // Nobody returns (and lets its input change) before every reader is done.
+  round(args.deadline);
+}
+
+// ------------------------------------------------------------ ReduceScatter
+
+void NodeCollectives::reduceScatter(const OpArgs& args) {
+  const size_t b = args.count * args.elemSize();
+  if (localSize() == 1) {
+    openCall(args, kStaged);
+    copyBytes(args.out, args.in, b);
+    finalizeInPlace(args.reduce, args.out, args.count, true);
+    return;
+  }
+  if (useSingleCopy(b)) {
+    reduceScatterSingleCopy(args);
+  } else {
+    reduceScatterStaged(args);
+  }
+}
+
+void NodeCollectives::reduceScatterStaged(const OpArgs& args) {
+  const size_t es = args.elemSize();
+  const int L = localSize();
+  const int me = localRank();
+  // Each round stages the same sub-chunk of every destination block.
+  const size_t chunk = std::max<size_t>(1, arena_.slotBytes() / (static_cast<size_t>(L) * es));
+  const size_t rounds = std::max<size_t>(1, ceilDiv(args.count, chunk));
+  const auto* in = static_cast<const uint8_t*>(args.in);
+  auto* out = static_cast<uint8_t*>(args.out);
+  std::vector<const void*> srcs(static_cast<size_t>(L));
+  openCall(args, kStaged);
+  for (size_t t = 0; t < rounds; ++t) {
+    const size_t off = t * chunk;
+    const size_t n = std::min(chunk, args.count - std::min(args.count, off));
+    const uint32_t parity = arena_.phase() + 1;
+    uint8_t* mine = arena_.slot(me, parity);
+    for (int j = 0; j < L; ++j) {
+      if (j != me) {
+        std::memcpy(mine + static_cast<size_t>(j) * chunk * es,
+                    in + (static_cast<size_t>(j) * args.count + off) * es,
+                    n * es);
+      }
+    }
+    round(args.deadline);
+    if (t == 0) {
+      verifyDescs(args);
+    }
+    for (int l = 0; l < L; ++l) {
+      srcs[l] = l == me ? in + (static_cast<size_t>(me) * args.count + off) * es
+                        : arena_.slot(l, parity) + static_cast<size_t>(me) * chunk * es;
+    }
+    reduce(args.reduce, out + off * es, srcs.data(), L, n, true, true);
+  }
+}
+
+void NodeCollectives::reduceFromPeers(
+    const OpArgs& args,
+    const uint8_t* my_in,
+    size_t offset_bytes,
+    size_t n,
+    void* dst,
+    bool raw,
+    bool finalize) {
+  const size_t es = args.elemSize();
+  const int L = localSize();
+  const int me = localRank();
+  // Per-peer chunks small enough that all of them stay in the L2 cache.
+  const size_t per_peer = std::clamp<size_t>(
+      (size_t{1} << 20) / static_cast<size_t>(L - 1), 64 << 10, 256 << 10);
+  const size_t chunk = std::max<size_t>(1, per_peer / es);
+  uint8_t* buf = scratch(static_cast<size_t>(L) * chunk * es);
+  std::vector<const void*> srcs(static_cast<size_t>(L));
+  auto* d = static_cast<uint8_t*>(dst);
+  for (size_t off = 0; off < n; off += chunk) {
+    const size_t m = std::min(chunk, n - off);
+    const size_t byte_off = offset_bytes + off * es;
+    for (int l = 0; l < L; ++l) {
+      if (l == me) {
+        srcs[l] = my_in + byte_off;
+      } else {
+        uint8_t* tmp = buf + static_cast<size_t>(l) * chunk * es;
+        arena_.readFrom(l, tmp, arena_.peerDesc(l, args.seq).in_addr + byte_off, m * es);
+        srcs[l] = tmp;
+      }
+    }
+    reduce(args.reduce, d + off * es, srcs.data(), L, m, raw, finalize);
+  }
+}
+
+void NodeCollectives::reduceScatterSingleCopy(const OpArgs& args) {
+  const size_t es = args.elemSize();
+  const int me = localRank();
+  openCall(args, kSingleCopy);
+  round(args.deadline);
+  verifyDescs(args);
+  reduceFromPeers(
+      args,
+      static_cast<const uint8_t*>(args.in),
+      static_cast<size_t>(me) * args.count * es,
+      args.count,
+      args.out,
+      true,
+      true);
+  round(args.deadline);
+}
+
+// ---------------------------------------------------------------- AllReduce
+
+void NodeCollectives::allReduce(const OpArgs& args) {
+  const size_t b = args.count * args.elemSize();
+  if (localSize() == 1) {
+    openCall(args, kStaged);
+    copyBytes(args.out, args.in, b);
+    finalizeInPlace(args.reduce, args.out, args.count, true);
+    return;
+  }
+  if (useSingleCopy(b / static_cast<size_t>(localSize()))) {
+    allReduceSingleCopy(args);
+  } else {
+    allReduceStaged(args);
+  }
+}
+
+void NodeCollectives::allReduceStaged(const OpArgs& args) {
+  const size_t es = args.elemSize();
+  const int L = localSize();
+  const int me = localRank();
+  const size_t chunk = arena_.slotBytes() / es;
+  const size_t rounds = std::max<size_t>(1, ceilDiv(args.count, chunk));
+  const auto* in = static_cast<const uint8_t*>(args.in);
+  auto* out = static_cast<uint8_t*>(args.out);
+  std::vector<const void*> srcs(static_cast<size_t>(L));
+  openCall(args, kStaged);
+  for (size_t t = 0; t < rounds; ++t) {
+    const size_t off = t * chunk;
+    const size_t n = std::min(chunk, args.count - std::min(args.count, off));
+    const uint32_t parity = arena_.phase() + 1;
+    std::memcpy(arena_.slot(me, parity), in + off * es, n * es);
+    round(args.deadline);
+    if (t == 0) {
+      verifyDescs(args);
+    }
+    // Every rank reduces the same slots in the same order: identical results.
+    for (int l = 0; l < L; ++l) {
+      srcs[l] = arena_.slot(l, parity);
+    }
+    reduce(args.reduce, out + off * es, srcs.data(), L, n, true, true);
+  }
+}
+
+void NodeCollectives::allReduceSingleCopy(const OpArgs& args) {
+  const size_t es = args.elemSize();
+  const int L = localSize();
+  const int me = localRank();
+  const Slices slices{args.count, static_cast<size_t>(L)};
+  auto* out = static_cast<uint8_t*>(args.out);
+  openCall(args, kSingleCopy);
+  round(args.deadline);
+  verifyDescs(args);
+  // Reduce my slice from every rank's input into my output.
+  reduceFromPeers(
+      args,
+      static_cast<const uint8_t*>(args.in),
+      slices.begin(me) * es,
+      slices.size(me),
+      out + slices.begin(me) * es,
+      true,
+      true);
+  // Inputs may alias outputs: nobody overwrites other slices before every
+  // rank has finished reading its inputs.
+  round(args.deadline);
+  for (int k = 1; k < L; ++k) {
+    const int l = (me + k) % L;
+    arena_.readFrom(
+        l,
+        out + slices.begin(l) * es,
+        arena_.peerDesc(l, args.seq).out_addr + slices.begin(l) * es,
+        slices.size(l) * es);
+  }
+  round(args.deadline);
+}
+
+// ---------------------------------------------------------- Broadcast, Barrier
+
+void NodeCollectives::broadcast(const OpArgs& args) {
+  const size_t b = args.count * args.elemSize();
+  const int me = localRank();
+  auto* out = static_cast<uint8_t*>(args.out);
+  if (localSize() == 1) {
+    openCall(args, kStaged);
+    copyBytes(args.out, args.in, b);
+    return;
+  }
+  if (useSingleCopy(b)) {
+    openCall(args, kSingleCopy);
+    round(args.deadline);
+    verifyDescs(args);
+    if (me == args.root) {
+      copyBytes(out, args.in, b);
+    } else {
+      arena_.readFrom(args.root, out, arena_.peerDesc(args.root, args.seq).in_addr, b);
+    }
+    round(args.deadline);
+    return;
+  }
+  const size_t slot = arena_.slotBytes();
+  const size_t rounds = std::max<size_t>(1, ceilDiv(b, slot));
+  const auto* in = static_cast<const uint8_t*>(args.in);
+  openCall(args, kStaged);
+  for (size_t t = 0; t < rounds; ++t) {
+    const size_t off = t * slot;
+    const size_t n = std::min(slot, b - std::min(b, off));
+    const uint32_t parity = arena_.phase() + 1;
+    if (me == args.root) {
+      std::memcpy(arena_.slot(me, parity), in + off, n);
+    }
+    round(args.deadline);
+    if (t == 0) {
+      verifyDescs(args);
+    }
+    if (me == args.root) {
+      if (out + off != in + off) {
+        std::memcpy(out + off, in + off, n);
+      }
+    } else {
+      std::memcpy(out + off, arena_.slot(args.root, parity), n);
+    }
+  }
+}
+
+void NodeCollectives::barrier(const OpArgs& args) {
+  openCall(args, kStaged);
+  if (localSize() == 1) {
+    return;
+  }
+  round(args.deadline);
+  verifyDescs(args);
+}
+
+} // namespace smddp::algorithm

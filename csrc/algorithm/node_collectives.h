@@ -1,0 +1,104 @@
+// Collectives among the ranks of one node, over the node's shared-memory
+// arena: the flat schedules of a single node and the node-local stage of the
+// hierarchical ones.
+//
+// Two data paths, chosen per call from the message size and SMDDP_SINGLE_COPY
+// (the same choice on every rank):
+//
+//  staged       each rank copies its data into its own slot of the arena,
+//               everybody reads the slots; two slots per rank (by round
+//               parity) let the next round's writes overlap this round's
+//               reads. No system calls: best for small messages.
+//  single-copy  each rank publishes the addresses of its buffers and the
+//               others read them directly with process_vm_readv (one copy
+//               instead of two); a last round keeps the buffers alive until
+//               every reader is done.
+//
+// Schedules, drawn for one node of 2 ranks (A, B), blocks a and b:
+//
+//   AllGather  staged:       A: a -> slot A        B: b -> slot B
+//                            A: slot B -> out[1]   B: slot A -> out[0]
+//              single-copy:  A: read B's b -> out[1], B: read A's a -> out[0]
+//   ReduceScatter (rank r keeps block r, reduced in rank order 0,1,...):
+//              staged:       each rank stages chunk t of every block; rank r
+//                            reduces sub-chunk r of every slot
+//              single-copy:  rank r reads block r of every peer's input and
+//                            reduces it with its own, chunk by chunk
+//   AllReduce  staged:       each rank stages a chunk, every rank reduces all
+//                            slots in rank order (identical on every rank)
+//              single-copy:  ReduceScatter into the output, a round, then
+//                            AllGather of the reduced slices from the peers'
+//                            outputs
+//
+// Every call starts with a round that publishes an OpDesc; each rank compares
+// every peer's with its own and throws kMismatch (on every rank) if they
+// differ. The reduction order is always local rank 0, 1, ..., so results are
+// bitwise identical on every rank and every run.
+//
+// Threading: driven by one thread at a time (the group's executor).
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <vector>
+
+#include "algorithm/op.h"
+#include "common/config.h"
+#include "transport/shm/node_arena.h"
+
+namespace smddp::algorithm {
+
+class NodeCollectives {
+ public:
+  NodeCollectives(transport::NodeArena& arena, const Config& config);
+
+  int localRank() const {
+    return arena_.localRank();
+  }
+  int localSize() const {
+    return arena_.localSize();
+  }
+
+  void allGather(const OpArgs& args);
+  void reduceScatter(const OpArgs& args);
+  void allReduce(const OpArgs& args);
+  void broadcast(const OpArgs& args);
+  void barrier(const OpArgs& args);
+
+  // Whether a call moving `bytes_per_rank` takes the single-copy path.
+  bool useSingleCopy(size_t bytes_per_rank) const;
+
+ private:
+  enum Path : uint8_t { kStaged = 0, kSingleCopy = 1 };
+
+  // Publishes this rank's descriptor, posts a round, waits for every peer's
+  // and checks they agree.
+  void openCall(const OpArgs& args, Path path);
+  void verifyDescs(const OpArgs& args);
+  void round(const Deadline& deadline);
+
+  void allGatherStaged(const OpArgs& args);
+  void allGatherSingleCopy(const OpArgs& args);
+  void reduceScatterStaged(const OpArgs& args);
+  void reduceScatterSingleCopy(const OpArgs& args);
+  void allReduceStaged(const OpArgs& args);
+  void allReduceSingleCopy(const OpArgs& args);
+  // Reduces elements [begin, begin+n) of every rank's buffer at `offset`
+  // bytes (its input) into dst, reading peers through single-copy.
+  void reduceFromPeers(
+      const OpArgs& args,
+      const uint8_t* my_in,
+      size_t offset_bytes,
+      size_t n,
+      void* dst,
+      bool raw,
+      bool finalize);
+
+  uint8_t* scratch(size_t bytes);
+
+  transport::NodeArena& arena_;
+  const Config config_;
+  std::vector<uint8_t> scratch_;
+};
+
+} // namespace smddp::algorithm

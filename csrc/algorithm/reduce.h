@@ -1,0 +1,58 @@
+// Elementwise reductions of the CPU path.
+//
+// reduce() combines `nsrc` arrays into `dst` element by element, always in
+// the order the sources are given, so the result depends only on the schedule
+// and never on which peer answered first. Half types (float16, bfloat16) are
+// widened to float32, combined, and rounded once (round to nearest even).
+// Integer SUM and PRODUCT wrap around like torch's. On bool, SUM and MAX are
+// OR, PRODUCT and MIN are AND. MIN and MAX propagate NaN.
+//
+// The kernels exist twice, for AVX-512 and for any x86-64/other CPU, chosen
+// once at run time; both give bitwise-identical results (no FMA contraction:
+// the core is built with -ffp-contract=off).
+#pragma once
+
+#include <cstddef>
+
+#include "common/types.h"
+
+namespace smddp::algorithm {
+
+struct ReduceSpec {
+  DataType dtype = DataType::kFloat32;
+  ReduceOp op = ReduceOp::kSum;
+  // PREMUL_SUM: every raw input is multiplied by this before it is summed.
+  double premul = 1.0;
+  // AVG: the sum is divided by this (the group size) when finalized.
+  double divisor = 1.0;
+};
+
+// dst[i] = src[0][i] (+) src[1][i] (+) ... (+) src[nsrc-1][i].
+// raw:      the sources are inputs of the collective (PREMUL_SUM scales them)
+//           rather than partial results.
+// finalize: apply AVG's division (the last step of a reduction).
+// dst may be src[0]; otherwise it must not overlap any source.
+void reduce(
+    const ReduceSpec& spec,
+    void* dst,
+    const void* const* srcs,
+    int nsrc,
+    size_t count,
+    bool raw,
+    bool finalize);
+
+// In-place dst = finalize(dst) for an already-reduced array: AVG's division
+// (and PREMUL_SUM's scaling when raw). Used when a single source is the
+// whole reduction (a group of one).
+void finalizeInPlace(const ReduceSpec& spec, void* dst, size_t count, bool raw);
+
+// Name of the kernel set in use ("avx512" or "generic"), for logs and tests.
+const char* reduceKernelIsa();
+
+// Forces a kernel set (tests compare them); "auto" restores the default.
+void setReduceKernelIsa(const char* isa);
+
+// Copies with non-temporal stores above a size where that pays.
+void copyBytes(void* dst, const void* src, size_t bytes);
+
+} // namespace smddp::algorithm

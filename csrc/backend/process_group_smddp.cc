@@ -1,0 +1,1028 @@
+#include "backend/process_group_smddp.h"
+
+#include <c10/util/Exception.h>
+#include <torch/csrc/distributed/c10d/PrefixStore.hpp>
+
+#include "backend/fallback_factory.h"
+#include "backend/store_adapter.h"
+#include "common/error.h"
+#include "common/log.h"
+
+namespace smddp {
+
+using ::c10d::OpType;
+
+// ------------------------------------------------------------ conversions
+
+DataType toDataType(at::ScalarType type, bool* ok) {
+  *ok = true;
+  switch (type) {
+    case at::kFloat:
+      return DataType::kFloat32;
+    case at::kDouble:
+      return DataType::kFloat64;
+    case at::kHalf:
+      return DataType::kFloat16;
+    case at::kBFloat16:
+      return DataType::kBFloat16;
+    case at::kChar:
+      return DataType::kInt8;
+    case at::kByte:
+      return DataType::kUInt8;
+    case at::kInt:
+      return DataType::kInt32;
+    case at::kLong:
+      return DataType::kInt64;
+    case at::kBool:
+      return DataType::kBool;
+    default:
+      *ok = false;
+      return DataType::kUInt8;
+  }
+}
+
+ReduceOp toReduceOp(const ::c10d::ReduceOp& op, bool* ok) {
+  *ok = true;
+  switch (op.op_) {
+    case ::c10d::ReduceOp::SUM:
+      return ReduceOp::kSum;
+    case ::c10d::ReduceOp::AVG:
+      return ReduceOp::kAvg;
+    case ::c10d::ReduceOp::PRODUCT:
+      return ReduceOp::kProduct;
+    case ::c10d::ReduceOp::MIN:
+      return ReduceOp::kMin;
+    case ::c10d::ReduceOp::MAX:
+      return ReduceOp::kMax;
+    case ::c10d::ReduceOp::PREMUL_SUM:
+      return ReduceOp::kPremulSum;
+    default:
+      *ok = false;
+      return ReduceOp::kSum;
+  }
+}
+
+namespace {
+
+const char* redOpName(const ::c10d::ReduceOp& op) {
+  switch (op.op_) {
+    case ::c10d::ReduceOp::BAND:
+      return "BAND";
+    case ::c10d::ReduceOp::BOR:
+      return "BOR";
+    case ::c10d::ReduceOp::BXOR:
+      return "BXOR";
+    default: {
+      bool ok = false;
+      ReduceOp r = toReduceOp(op, &ok);
+      return ok ? reduceOpName(r) : "UNUSED";
+    }
+  }
+}
+
+std::exception_ptr makeDistBackendError(const std::string& msg) {
+  return std::make_exception_ptr(c10::DistBackendError(
+      c10::SourceLocation{__func__, __FILE__, static_cast<uint32_t>(__LINE__)}, msg));
+}
+
+std::exception_ptr makeTorchError(const std::string& msg) {
+  return std::make_exception_ptr(c10::Error(
+      c10::SourceLocation{__func__, __FILE__, static_cast<uint32_t>(__LINE__)}, msg));
+}
+
+// The element type a collective that only moves bytes runs with: the real
+// one when smddp knows it (so ranks that disagree are told), else bytes.
+struct MoveType {
+  DataType dtype;
+  size_t count;
+};
+
+MoveType moveType(const at::Tensor& t) {
+  bool ok = false;
+  DataType d = toDataType(t.scalar_type(), &ok);
+  if (ok) {
+    return {d, static_cast<size_t>(t.numel())};
+  }
+  return {DataType::kUInt8, static_cast<size_t>(t.numel()) * t.element_size()};
+}
+
+} // namespace
+
+// ------------------------------------------------------------ construction
+
+ProcessGroupSMDDP::ProcessGroupSMDDP(
+    const Ptr<::c10d::Store>& store,
+    int rank,
+    int size,
+    std::chrono::milliseconds timeout,
+    std::vector<int64_t> global_ranks,
+    std::string group_name)
+    : ::c10d::Backend(rank, size),
+      group_name_(std::move(group_name)),
+      global_ranks_(std::move(global_ranks)),
+      timeout_ms_(timeout.count()) {
+  try {
+    config_ = Config::fromEnv();
+  } catch (const Error& e) {
+    TORCH_CHECK_VALUE(false, "ProcessGroupSMDDP (rank ", rank, "): ", e.what());
+  }
+  options_ = c10::make_intrusive<::c10d::Backend::Options>("smddp", timeout);
+  options_->group_name = group_name_;
+  for (int64_t g : global_ranks_) {
+    options_->global_ranks_in_group.push_back(static_cast<uint64_t>(g));
+  }
+  C10dStoreAdapter st(store, timeout);
+  try {
+    // Every rank must run the same schedules: their settings must agree.
+    auto settings = storeAllGather(st, "smddp/config", rank, size, toBytes(config_.agreementString()));
+    for (int r = 0; r < size; ++r) {
+      std::string diff = Config::describeDifference(
+          toString(settings[0]), toString(settings[static_cast<size_t>(r)]));
+      TORCH_CHECK_VALUE(
+          diff.empty(),
+          "ProcessGroupSMDDP (rank ",
+          rank,
+          "): ranks 0 and ",
+          r,
+          " have different settings: ",
+          diff,
+          ". Set the SMDDP_* variables the same way on every rank.");
+    }
+    const int global_rank =
+        global_ranks_.empty() ? rank : static_cast<int>(global_ranks_[static_cast<size_t>(rank)]);
+    auto keys = storeAllGather(
+        st,
+        "smddp/node",
+        rank,
+        size,
+        toBytes(topology::nodeKey(topology::hostIdentity(), global_rank, config_.ranks_per_node)));
+    std::vector<std::string> node_keys;
+    for (auto& k : keys) {
+      node_keys.push_back(toString(k));
+    }
+    topology_ = std::make_unique<topology::Topology>(rank, node_keys);
+    communicator_ = algorithm::createCommunicator(st, *topology_, config_, timeout);
+  } catch (const Error& e) {
+    TORCH_CHECK_WITH(
+        DistBackendError,
+        false,
+        "ProcessGroupSMDDP (rank ",
+        rank,
+        " of ",
+        size,
+        ", group '",
+        group_name_,
+        "'): set-up failed: ",
+        e.what());
+  }
+  executor_ = std::make_shared<Executor>("smddp-exec");
+  if (config_.fallback != "none") {
+    auto prefixed = c10::make_intrusive<::c10d::PrefixStore>("smddp-fallback", store);
+    for (auto& [device, backend] : makeFallbacks(prefixed, rank, size, timeout, config_.fallback)) {
+      fallbacks_[static_cast<int>(device)] = backend;
+    }
+  }
+  SMDDP_LOG(kInfo, "group '", group_name_, "' rank ", rank, "/", size, ": ", describe());
+  init();
+}
+
+ProcessGroupSMDDP::~ProcessGroupSMDDP() {
+  shutdown();
+}
+
+void ProcessGroupSMDDP::setFallback(c10::DeviceType device, Ptr<::c10d::Backend> backend) {
+  std::lock_guard<std::mutex> lock(mu_);
+  fallbacks_[static_cast<int>(device)] = std::move(backend);
+}
+
+c10::intrusive_ptr<::c10d::Backend> ProcessGroupSMDDP::fallback(c10::DeviceType device) const {
+  std::lock_guard<std::mutex> lock(mu_);
+  auto it = fallbacks_.find(static_cast<int>(device));
+  return it == fallbacks_.end() ? nullptr : it->second;
+}
+
+std::string ProcessGroupSMDDP::describe() const {
+  return communicator_ ? communicator_->describe()
+                       : str("fallback only, ", topology_->describe());
+}
+
+std::string ProcessGroupSMDDP::where(const char* op) const {
+  return str("ProcessGroupSMDDP::", op, " (rank ", rank_, " of ", size_, "): ");
+}
+
+// ------------------------------------------------------------ plumbing
+
+c10::intrusive_ptr<::c10d::Backend> ProcessGroupSMDDP::fallbackFor(
+    c10::DeviceType device,
+    const char* op) const {
+  auto fb = fallback(device);
+  TORCH_CHECK(
+      fb,
+      where(op),
+      "this call is served by the fallback backend, and there is none for ",
+      c10::DeviceTypeName(device),
+      " tensors (SMDDP_FALLBACK=",
+      config_.fallback,
+      "). Unset SMDDP_FALLBACK, or use a call smddp implements natively.");
+  return fb;
+}
+
+c10::intrusive_ptr<::c10d::Backend> ProcessGroupSMDDP::fallbackFor(
+    const std::vector<at::Tensor>& tensors,
+    const char* op) const {
+  c10::DeviceType device = c10::DeviceType::CPU;
+  for (const auto& t : tensors) {
+    if (t.defined()) {
+      device = t.device().type();
+      break;
+    }
+  }
+  return fallbackFor(device, op);
+}
+
+bool ProcessGroupSMDDP::nativeReduce(at::ScalarType dtype, const ::c10d::ReduceOp& op) const {
+  bool dtype_ok = false;
+  bool op_ok = false;
+  toDataType(dtype, &dtype_ok);
+  toReduceOp(op, &op_ok);
+  return dtype_ok && op_ok;
+}
+
+namespace {
+
+void checkDense(const std::string& where, const at::Tensor& t, const char* what) {
+  TORCH_CHECK(t.defined(), where, what, " is undefined");
+  TORCH_CHECK(
+      t.layout() == at::kStrided,
+      where,
+      what,
+      " must be a dense tensor (got layout ",
+      t.layout(),
+      ")");
+  TORCH_CHECK(
+      t.is_contiguous(),
+      where,
+      what,
+      " must be contiguous (got sizes ",
+      t.sizes(),
+      ", strides ",
+      t.strides(),
+      "); call .contiguous() on it first");
+}
+
+void checkSameDevice(const std::string& where, const at::Tensor& a, const at::Tensor& b) {
+  TORCH_CHECK(
+      a.device() == b.device(),
+      where,
+      "input and output must be on the same device (got ",
+      a.device(),
+      " and ",
+      b.device(),
+      ")");
+}
+
+void checkSameDtype(const std::string& where, const at::Tensor& a, const at::Tensor& b) {
+  TORCH_CHECK(
+      a.scalar_type() == b.scalar_type(),
+      where,
+      "input and output must have the same dtype (got ",
+      a.scalar_type(),
+      " and ",
+      b.scalar_type(),
+      ")");
+}
+
+} // namespace
+
+c10::intrusive_ptr<::c10d::Work> ProcessGroupSMDDP::submitNative(
+    OpType op_type,
+    const char* name,
+    std::vector<at::Tensor> outputs,
+    const std::optional<std::vector<at::Tensor>>& inputs,
+    bool async_op,
+    size_t nseq,
+    std::function<void(uint64_t, const Deadline&)> body) {
+  const uint64_t seq = next_seq_.fetch_add(nseq);
+  std::string label = str(name, " #", seq);
+  if (broken_.load()) {
+    std::lock_guard<std::mutex> lock(mu_);
+    std::string first;
+    try {
+      std::rethrow_exception(fatal_);
+    } catch (const std::exception& e) {
+      first = e.what();
+    }
+    return makeCompletedWork(
+        rank_,
+        op_type,
+        std::move(outputs),
+        makeDistBackendError(str(
+            where(name),
+            label,
+            " not started: the group is unusable after an earlier failure. ",
+            "Destroy it and create a new one. The failure was: ",
+            first)));
+  }
+  const auto timeout = std::chrono::milliseconds(timeout_ms_.load());
+  auto work = c10::make_intrusive<WorkSMDDP>(
+      rank_,
+      op_type,
+      seq,
+      label,
+      outputs,
+      [this, seq, label, timeout, body = std::move(body)]() {
+        try {
+          body(seq, Deadline::after(timeout));
+        } catch (...) {
+          std::rethrow_exception(translate(label, std::current_exception()));
+        }
+      },
+      executor_,
+      timeout,
+      nullptr,
+      inputs);
+  try {
+    executor_->submit(work, !async_op);
+  } catch (const Error& e) {
+    work->fail(makeDistBackendError(str(where(name), label, ": ", e.what())));
+  }
+  return work;
+}
+
+std::exception_ptr ProcessGroupSMDDP::translate(
+    const std::string& label,
+    std::exception_ptr error) {
+  const std::string head = str(
+      "ProcessGroupSMDDP ", label, " failed on rank ", rank_, " (group '", group_name_, "', ",
+      size_, " ranks): ");
+  try {
+    std::rethrow_exception(error);
+  } catch (const Error& e) {
+    std::string msg = head + e.what();
+    if (e.kind() == ErrorKind::kInvalidArgument) {
+      return makeTorchError(msg);
+    }
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      if (!fatal_) {
+        fatal_ = makeDistBackendError(msg);
+      }
+    }
+    broken_.store(true);
+    if (communicator_) {
+      // Peers waiting on this rank learn of the failure now, not at timeout.
+      communicator_->abort(msg);
+    }
+    SMDDP_LOG(kError, msg);
+    return makeDistBackendError(msg);
+  } catch (const c10::Error&) {
+    return error;
+  } catch (const std::exception& e) {
+    return makeDistBackendError(head + e.what());
+  }
+}
+
+// ------------------------------------------------------------ native ops
+
+c10::intrusive_ptr<::c10d::Work> ProcessGroupSMDDP::allreduce(
+    std::vector<at::Tensor>& tensors,
+    const ::c10d::AllreduceOptions& opts) {
+  static const char* kOp = "allreduce";
+  TORCH_CHECK(tensors.size() == 1, where(kOp), "takes exactly one tensor (got ", tensors.size(), ")");
+  at::Tensor t = tensors[0];
+  if (!communicator_ || !t.is_cpu() || !nativeReduce(t.scalar_type(), opts.reduceOp)) {
+    return fallbackFor(tensors, kOp)->allreduce(tensors, opts);
+  }
+  checkDense(where(kOp), t, "tensor");
+  algorithm::ReduceSpec spec = makeReduceSpec(kOp, t.scalar_type(), opts.reduceOp);
+  return submitNative(
+      OpType::ALLREDUCE, kOp, {t}, std::vector<at::Tensor>{t}, opts.asyncOp, 1,
+      [this, t, spec](uint64_t seq, const Deadline& deadline) {
+        algorithm::OpArgs a;
+        a.kind = CollectiveKind::kAllReduce;
+        a.reduce = spec;
+        a.in = t.data_ptr();
+        a.out = t.data_ptr();
+        a.count = static_cast<size_t>(t.numel());
+        a.seq = seq;
+        a.deadline = deadline;
+        communicator_->allReduce(a);
+      });
+}
+
+c10::intrusive_ptr<::c10d::Work> ProcessGroupSMDDP::allreduce_coalesced(
+    std::vector<at::Tensor>& tensors,
+    const ::c10d::AllreduceCoalescedOptions& opts) {
+  static const char* kOp = "allreduce_coalesced";
+  bool native = communicator_ != nullptr && !tensors.empty();
+  for (const auto& t : tensors) {
+    native = native && t.defined() && t.is_cpu() && nativeReduce(t.scalar_type(), opts.reduceOp);
+  }
+  if (!native) {
+    if (tensors.empty()) {
+      return makeCompletedWork(rank_, OpType::ALLREDUCE_COALESCED, {});
+    }
+    return fallbackFor(tensors, kOp)->allreduce_coalesced(tensors, opts);
+  }
+  std::vector<algorithm::ReduceSpec> specs;
+  for (const auto& t : tensors) {
+    checkDense(where(kOp), t, "tensor");
+    specs.push_back(makeReduceSpec(kOp, t.scalar_type(), opts.reduceOp));
+  }
+  return submitNative(
+      OpType::ALLREDUCE_COALESCED, kOp, tensors, tensors, opts.asyncOp, tensors.size(),
+      [this, tensors, specs](uint64_t seq, const Deadline& deadline) {
+        for (size_t i = 0; i < tensors.size(); ++i) {
+          algorithm::OpArgs a;
+          a.kind = CollectiveKind::kAllReduce;
+          a.reduce = specs[i];
+          a.in = tensors[i].data_ptr();
+          a.out = tensors[i].data_ptr();
+          a.count = static_cast<size_t>(tensors[i].numel());
+          a.seq = seq + i;
+          a.deadline = deadline;
+          communicator_->allReduce(a);
+        }
+      });
+}
+
+c10::intrusive_ptr<::c10d::Work> ProcessGroupSMDDP::broadcast(
+    std::vector<at::Tensor>& tensors,
+    const ::c10d::BroadcastOptions& opts) {
+  static const char* kOp = "broadcast";
+  TORCH_CHECK(tensors.size() == 1, where(kOp), "takes exactly one tensor (got ", tensors.size(), ")");
+  TORCH_CHECK(
+      opts.rootRank >= 0 && opts.rootRank < size_,
+      where(kOp),
+      "root rank ",
+      opts.rootRank,
+      " is not in the group (size ",
+      size_,
+      ")");
+  TORCH_CHECK(opts.rootTensor == 0, where(kOp), "root tensor must be 0 (got ", opts.rootTensor, ")");
+  at::Tensor t = tensors[0];
+  if (!communicator_ || !t.is_cpu()) {
+    return fallbackFor(tensors, kOp)->broadcast(tensors, opts);
+  }
+  checkDense(where(kOp), t, "tensor");
+  const int root = static_cast<int>(opts.rootRank);
+  return submitNative(
+      OpType::BROADCAST, kOp, {t}, std::vector<at::Tensor>{t}, opts.asyncOp, 1,
+      [this, t, root](uint64_t seq, const Deadline& deadline) {
+        MoveType m = moveType(t);
+        algorithm::OpArgs a;
+        a.kind = CollectiveKind::kBroadcast;
+        a.reduce.dtype = m.dtype;
+        a.in = t.data_ptr();
+        a.out = t.data_ptr();
+        a.count = m.count;
+        a.root = root;
+        a.seq = seq;
+        a.deadline = deadline;
+        communicator_->broadcast(a);
+      });
+}
+
+c10::intrusive_ptr<::c10d::Work> ProcessGroupSMDDP::_allgather_base(
+    at::Tensor& output,
+    at::Tensor& input,
+    const ::c10d::AllgatherOptions& opts) {
+  static const char* kOp = "allgather_into_tensor";
+  if (!communicator_ || !input.is_cpu() || !output.is_cpu()) {
+    return fallbackFor({input}, kOp)->_allgather_base(output, input, opts);
+  }
+  checkDense(where(kOp), input, "input");
+  checkDense(where(kOp), output, "output");
+  checkSameDtype(where(kOp), input, output);
+  TORCH_CHECK(
+      output.numel() == input.numel() * size_,
+      where(kOp),
+      "output has ",
+      output.numel(),
+      " elements, expected ",
+      input.numel(),
+      " (input) x ",
+      size_,
+      " (ranks) = ",
+      input.numel() * size_);
+  at::Tensor in = input;
+  at::Tensor out = output;
+  return submitNative(
+      OpType::_ALLGATHER_BASE, kOp, {out}, std::vector<at::Tensor>{in}, opts.asyncOp, 1,
+      [this, in, out](uint64_t seq, const Deadline& deadline) {
+        MoveType m = moveType(in);
+        algorithm::OpArgs a;
+        a.kind = CollectiveKind::kAllGather;
+        a.reduce.dtype = m.dtype;
+        a.in = in.data_ptr();
+        a.out = out.data_ptr();
+        a.count = m.count;
+        a.seq = seq;
+        a.deadline = deadline;
+        communicator_->allGather(a);
+      });
+}
+
+c10::intrusive_ptr<::c10d::Work> ProcessGroupSMDDP::allgather_into_tensor_coalesced(
+    std::vector<at::Tensor>& outputs,
+    std::vector<at::Tensor>& inputs,
+    const ::c10d::AllgatherOptions& opts) {
+  static const char* kOp = "allgather_into_tensor_coalesced";
+  TORCH_CHECK(
+      outputs.size() == inputs.size(),
+      where(kOp),
+      "got ",
+      outputs.size(),
+      " outputs for ",
+      inputs.size(),
+      " inputs");
+  if (inputs.empty()) {
+    return makeCompletedWork(rank_, compat::opAllgatherIntoTensorCoalesced(), {});
+  }
+  bool native = communicator_ != nullptr;
+  for (size_t i = 0; i < inputs.size(); ++i) {
+    native = native && inputs[i].is_cpu() && outputs[i].is_cpu();
+  }
+  if (!native) {
+    return fallbackFor(inputs, kOp)->allgather_into_tensor_coalesced(outputs, inputs, opts);
+  }
+  for (size_t i = 0; i < inputs.size(); ++i) {
+    checkDense(where(kOp), inputs[i], "input");
+    checkDense(where(kOp), outputs[i], "output");
+    checkSameDtype(where(kOp), inputs[i], outputs[i]);
+    TORCH_CHECK(
+        outputs[i].numel() == inputs[i].numel() * size_,
+        where(kOp),
+        "output ",
+        i,
+        " has ",
+        outputs[i].numel(),
+        " elements, expected ",
+        inputs[i].numel(),
+        " x ",
+        size_,
+        " ranks");
+  }
+  return submitNative(
+      compat::opAllgatherIntoTensorCoalesced(), kOp, outputs, inputs, opts.asyncOp, inputs.size(),
+      [this, outputs, inputs](uint64_t seq, const Deadline& deadline) {
+        for (size_t i = 0; i < inputs.size(); ++i) {
+          MoveType m = moveType(inputs[i]);
+          algorithm::OpArgs a;
+          a.kind = CollectiveKind::kAllGather;
+          a.reduce.dtype = m.dtype;
+          a.in = inputs[i].data_ptr();
+          a.out = outputs[i].data_ptr();
+          a.count = m.count;
+          a.seq = seq + i;
+          a.deadline = deadline;
+          communicator_->allGather(a);
+        }
+      });
+}
+
+c10::intrusive_ptr<::c10d::Work> ProcessGroupSMDDP::allgather(
+    std::vector<std::vector<at::Tensor>>& outputs,
+    std::vector<at::Tensor>& inputs,
+    const ::c10d::AllgatherOptions& opts) {
+  static const char* kOp = "allgather";
+  TORCH_CHECK(inputs.size() == 1, where(kOp), "takes exactly one input tensor (got ", inputs.size(), ")");
+  TORCH_CHECK(
+      outputs.size() == 1 && outputs[0].size() == static_cast<size_t>(size_),
+      where(kOp),
+      "needs one output list of ",
+      size_,
+      " tensors (one per rank)");
+  at::Tensor in = inputs[0];
+  bool native = communicator_ != nullptr && in.is_cpu();
+  for (const auto& o : outputs[0]) {
+    native = native && o.defined() && o.is_cpu();
+  }
+  if (!native) {
+    return fallbackFor(inputs, kOp)->allgather(outputs, inputs, opts);
+  }
+  checkDense(where(kOp), in, "input");
+  for (const auto& o : outputs[0]) {
+    checkSameDtype(where(kOp), in, o);
+    TORCH_CHECK(
+        o.numel() == in.numel(),
+        where(kOp),
+        "every output must have the input's ",
+        in.numel(),
+        " elements (got ",
+        o.numel(),
+        ")");
+  }
+  std::vector<at::Tensor> outs = outputs[0];
+  return submitNative(
+      OpType::ALLGATHER, kOp, outs, std::vector<at::Tensor>{in}, opts.asyncOp, 1,
+      [this, in, outs](uint64_t seq, const Deadline& deadline) {
+        at::Tensor src = in.contiguous();
+        at::Tensor flat = at::empty({static_cast<int64_t>(outs.size()) * src.numel()}, src.options());
+        MoveType m = moveType(src);
+        algorithm::OpArgs a;
+        a.kind = CollectiveKind::kAllGather;
+        a.reduce.dtype = m.dtype;
+        a.in = src.data_ptr();
+        a.out = flat.data_ptr();
+        a.count = m.count;
+        a.seq = seq;
+        a.deadline = deadline;
+        communicator_->allGather(a);
+        for (size_t r = 0; r < outs.size(); ++r) {
+          outs[r].copy_(flat.narrow(0, static_cast<int64_t>(r) * src.numel(), src.numel()).view(outs[r].sizes()));
+        }
+      });
+}
+
+c10::intrusive_ptr<::c10d::Work> ProcessGroupSMDDP::allgather_coalesced(
+    std::vector<std::vector<at::Tensor>>& outputs,
+    std::vector<at::Tensor>& inputs,
+    const ::c10d::AllgatherOptions& opts) {
+  static const char* kOp = "allgather_coalesced";
+  TORCH_CHECK(
+      outputs.size() == static_cast<size_t>(size_),
+      where(kOp),
+      "needs ",
+      size_,
+      " output lists (one per rank), got ",
+      outputs.size());
+  bool native = communicator_ != nullptr;
+  for (const auto& t : inputs) {
+    native = native && t.is_cpu();
+  }
+  for (const auto& list : outputs) {
+    TORCH_CHECK(
+        list.size() == inputs.size(),
+        where(kOp),
+        "every output list needs ",
+        inputs.size(),
+        " tensors");
+    for (size_t i = 0; i < list.size(); ++i) {
+      native = native && list[i].is_cpu();
+      checkSameDtype(where(kOp), inputs[i], list[i]);
+      TORCH_CHECK(list[i].numel() == inputs[i].numel(), where(kOp), "output ", i, " has the wrong size");
+    }
+  }
+  if (!native) {
+    return fallbackFor(inputs, kOp)->allgather_coalesced(outputs, inputs, opts);
+  }
+  std::vector<at::Tensor> all_outs;
+  for (const auto& list : outputs) {
+    all_outs.insert(all_outs.end(), list.begin(), list.end());
+  }
+  return submitNative(
+      OpType::ALLGATHER_COALESCED, kOp, all_outs, inputs, opts.asyncOp, inputs.size(),
+      [this, outputs, inputs](uint64_t seq, const Deadline& deadline) {
+        for (size_t i = 0; i < inputs.size(); ++i) {
+          at::Tensor src = inputs[i].contiguous();
+          at::Tensor flat = at::empty({static_cast<int64_t>(outputs.size()) * src.numel()}, src.options());
+          MoveType m = moveType(src);
+          algorithm::OpArgs a;
+          a.kind = CollectiveKind::kAllGather;
+          a.reduce.dtype = m.dtype;
+          a.in = src.data_ptr();
+          a.out = flat.data_ptr();
+          a.count = m.count;
+          a.seq = seq + i;
+          a.deadline = deadline;
+          communicator_->allGather(a);
+          for (size_t r = 0; r < outputs.size(); ++r) {
+            outputs[r][i].copy_(flat.narrow(0, static_cast<int64_t>(r) * src.numel(), src.numel())
+                                    .view(outputs[r][i].sizes()));
+          }
+        }
+      });
+}
+
+c10::intrusive_ptr<::c10d::Work> ProcessGroupSMDDP::_reduce_scatter_base(
+    at::Tensor& output,
+    at::Tensor& input,
+    const ::c10d::ReduceScatterOptions& opts) {
+  static const char* kOp = "reduce_scatter_tensor";
+  if (!communicator_ || !input.is_cpu() || !output.is_cpu() ||
+      !nativeReduce(input.scalar_type(), opts.reduceOp)) {
+    return fallbackFor({input}, kOp)->_reduce_scatter_base(output, input, opts);
+  }
+  checkDense(where(kOp), input, "input");
+  checkDense(where(kOp), output, "output");
+  checkSameDtype(where(kOp), input, output);
+  TORCH_CHECK(
+      input.numel() == output.numel() * size_,
+      where(kOp),
+      "input has ",
+      input.numel(),
+      " elements, expected ",
+      output.numel(),
+      " (output) x ",
+      size_,
+      " (ranks) = ",
+      output.numel() * size_);
+  algorithm::ReduceSpec spec = makeReduceSpec(kOp, input.scalar_type(), opts.reduceOp);
+  at::Tensor in = input;
+  at::Tensor out = output;
+  return submitNative(
+      OpType::_REDUCE_SCATTER_BASE, kOp, {out}, std::vector<at::Tensor>{in}, opts.asyncOp, 1,
+      [this, in, out, spec](uint64_t seq, const Deadline& deadline) {
+        algorithm::OpArgs a;
+        a.kind = CollectiveKind::kReduceScatter;
+        a.reduce = spec;
+        a.in = in.data_ptr();
+        a.out = out.data_ptr();
+        a.count = static_cast<size_t>(out.numel());
+        a.seq = seq;
+        a.deadline = deadline;
+        communicator_->reduceScatter(a);
+      });
+}
+
+c10::intrusive_ptr<::c10d::Work> ProcessGroupSMDDP::reduce_scatter_tensor_coalesced(
+    std::vector<at::Tensor>& outputs,
+    std::vector<at::Tensor>& inputs,
+    const ::c10d::ReduceScatterOptions& opts) {
+  static const char* kOp = "reduce_scatter_tensor_coalesced";
+  TORCH_CHECK(
+      outputs.size() == inputs.size(),
+      where(kOp),
+      "got ",
+      outputs.size(),
+      " outputs for ",
+      inputs.size(),
+      " inputs");
+  if (inputs.empty()) {
+    return makeCompletedWork(rank_, compat::opReduceScatterTensorCoalesced(), {});
+  }
+  bool native = communicator_ != nullptr;
+  for (size_t i = 0; i < inputs.size(); ++i) {
+    native = native && inputs[i].is_cpu() && outputs[i].is_cpu() &&
+        nativeReduce(inputs[i].scalar_type(), opts.reduceOp);
+  }
+  if (!native) {
+    return fallbackFor(inputs, kOp)->reduce_scatter_tensor_coalesced(outputs, inputs, opts);
+  }
+  std::vector<algorithm::ReduceSpec> specs;
+  for (size_t i = 0; i < inputs.size(); ++i) {
+    checkDense(where(kOp), inputs[i], "input");
+    checkDense(where(kOp), outputs[i], "output");
+    checkSameDtype(where(kOp), inputs[i], outputs[i]);
+    TORCH_CHECK(
+        inputs[i].numel() == outputs[i].numel() * size_,
+        where(kOp),
+        "input ",
+        i,
+        " has ",
+        inputs[i].numel(),
+        " elements, expected ",
+        outputs[i].numel(),
+        " x ",
+        size_,
+        " ranks");
+    specs.push_back(makeReduceSpec(kOp, inputs[i].scalar_type(), opts.reduceOp));
+  }
+  return submitNative(
+      compat::opReduceScatterTensorCoalesced(), kOp, outputs, inputs, opts.asyncOp, inputs.size(),
+      [this, outputs, inputs, specs](uint64_t seq, const Deadline& deadline) {
+        for (size_t i = 0; i < inputs.size(); ++i) {
+          algorithm::OpArgs a;
+          a.kind = CollectiveKind::kReduceScatter;
+          a.reduce = specs[i];
+          a.in = inputs[i].data_ptr();
+          a.out = outputs[i].data_ptr();
+          a.count = static_cast<size_t>(outputs[i].numel());
+          a.seq = seq + i;
+          a.deadline = deadline;
+          communicator_->reduceScatter(a);
+        }
+      });
+}
+
+c10::intrusive_ptr<::c10d::Work> ProcessGroupSMDDP::reduce_scatter(
+    std::vector<at::Tensor>& outputs,
+    std::vector<std::vector<at::Tensor>>& inputs,
+    const ::c10d::ReduceScatterOptions& opts) {
+  static const char* kOp = "reduce_scatter";
+  TORCH_CHECK(outputs.size() == 1, where(kOp), "takes exactly one output tensor (got ", outputs.size(), ")");
+  TORCH_CHECK(
+      inputs.size() == 1 && inputs[0].size() == static_cast<size_t>(size_),
+      where(kOp),
+      "needs one input list of ",
+      size_,
+      " tensors (one per rank)");
+  at::Tensor out = outputs[0];
+  bool native = communicator_ != nullptr && out.is_cpu() && nativeReduce(out.scalar_type(), opts.reduceOp);
+  for (const auto& t : inputs[0]) {
+    native = native && t.defined() && t.is_cpu();
+  }
+  if (!native) {
+    return fallbackFor(outputs, kOp)->reduce_scatter(outputs, inputs, opts);
+  }
+  checkDense(where(kOp), out, "output");
+  for (const auto& t : inputs[0]) {
+    checkSameDtype(where(kOp), t, out);
+    TORCH_CHECK(
+        t.numel() == out.numel(),
+        where(kOp),
+        "every input must have the output's ",
+        out.numel(),
+        " elements (got ",
+        t.numel(),
+        ")");
+  }
+  algorithm::ReduceSpec spec = makeReduceSpec(kOp, out.scalar_type(), opts.reduceOp);
+  std::vector<at::Tensor> ins = inputs[0];
+  return submitNative(
+      OpType::REDUCE_SCATTER, kOp, {out}, ins, opts.asyncOp, 1,
+      [this, out, ins, spec](uint64_t seq, const Deadline& deadline) {
+        std::vector<at::Tensor> flat_parts;
+        for (const auto& t : ins) {
+          flat_parts.push_back(t.reshape({-1}));
+        }
+        at::Tensor flat = at::cat(flat_parts);
+        algorithm::OpArgs a;
+        a.kind = CollectiveKind::kReduceScatter;
+        a.reduce = spec;
+        a.in = flat.data_ptr();
+        a.out = out.data_ptr();
+        a.count = static_cast<size_t>(out.numel());
+        a.seq = seq;
+        a.deadline = deadline;
+        communicator_->reduceScatter(a);
+      });
+}
+
+c10::intrusive_ptr<::c10d::Work> ProcessGroupSMDDP::barrier(const ::c10d::BarrierOptions& opts) {
+  static const char* kOp = "barrier";
+  if (!communicator_) {
+    return fallbackFor(c10::DeviceType::CPU, kOp)->barrier(opts);
+  }
+  return submitNative(
+      OpType::BARRIER, kOp, {}, std::nullopt, opts.asyncOp, 1,
+      [this](uint64_t seq, const Deadline& deadline) {
+        algorithm::OpArgs a;
+        a.kind = CollectiveKind::kBarrier;
+        a.seq = seq;
+        a.deadline = deadline;
+        communicator_->barrier(a);
+      });
+}
+
+algorithm::ReduceSpec ProcessGroupSMDDP::makeReduceSpec(
+    const char* op,
+    at::ScalarType dtype,
+    const ::c10d::ReduceOp& rop) const {
+  bool ok = false;
+  algorithm::ReduceSpec spec;
+  spec.dtype = toDataType(dtype, &ok);
+  spec.op = toReduceOp(rop, &ok);
+  TORCH_CHECK(
+      reduceOpSupported(spec.dtype, spec.op),
+      where(op),
+      "ReduceOp.",
+      redOpName(rop),
+      " is not defined for ",
+      dtype,
+      " tensors; ",
+      spec.op == ReduceOp::kAvg ? "use SUM and divide, or a floating-point tensor"
+                                : "use a floating-point tensor");
+  spec.divisor = static_cast<double>(size_);
+  if (spec.op == ReduceOp::kPremulSum) {
+    auto* sup = dynamic_cast<compat::PreMulSumSupplement*>(rop.supplement_.get());
+    TORCH_CHECK(sup != nullptr, where(op), "PREMUL_SUM without a factor");
+    spec.premul = sup->tensor_factor.defined() ? sup->tensor_factor.item<double>() : sup->double_factor;
+  }
+  return spec;
+}
+
+// ------------------------------------------------------------ delegated ops
+
+c10::intrusive_ptr<::c10d::Work> ProcessGroupSMDDP::allreduce_sparse(
+    std::vector<at::Tensor>& tensors,
+    const ::c10d::AllreduceOptions& opts) {
+  return fallbackFor(tensors, "allreduce_sparse")->allreduce_sparse(tensors, opts);
+}
+
+c10::intrusive_ptr<::c10d::Work> ProcessGroupSMDDP::reduce(
+    std::vector<at::Tensor>& tensors,
+    const ::c10d::ReduceOptions& opts) {
+  return fallbackFor(tensors, "reduce")->reduce(tensors, opts);
+}
+
+c10::intrusive_ptr<::c10d::Work> ProcessGroupSMDDP::gather(
+    std::vector<std::vector<at::Tensor>>& outputs,
+    std::vector<at::Tensor>& inputs,
+    const ::c10d::GatherOptions& opts) {
+  return fallbackFor(inputs, "gather")->gather(outputs, inputs, opts);
+}
+
+c10::intrusive_ptr<::c10d::Work> ProcessGroupSMDDP::scatter(
+    std::vector<at::Tensor>& outputs,
+    std::vector<std::vector<at::Tensor>>& inputs,
+    const ::c10d::ScatterOptions& opts) {
+  return fallbackFor(outputs, "scatter")->scatter(outputs, inputs, opts);
+}
+
+c10::intrusive_ptr<::c10d::Work> ProcessGroupSMDDP::alltoall_base(
+    at::Tensor& output,
+    at::Tensor& input,
+    std::vector<int64_t>& output_split_sizes,
+    std::vector<int64_t>& input_split_sizes,
+    const ::c10d::AllToAllOptions& opts) {
+  return fallbackFor({input}, "all_to_all_single")
+      ->alltoall_base(output, input, output_split_sizes, input_split_sizes, opts);
+}
+
+c10::intrusive_ptr<::c10d::Work> ProcessGroupSMDDP::alltoall(
+    std::vector<at::Tensor>& outputs,
+    std::vector<at::Tensor>& inputs,
+    const ::c10d::AllToAllOptions& opts) {
+  return fallbackFor(inputs, "all_to_all")->alltoall(outputs, inputs, opts);
+}
+
+c10::intrusive_ptr<::c10d::Work> ProcessGroupSMDDP::send(
+    std::vector<at::Tensor>& tensors,
+    int dst_rank,
+    int tag) {
+  return fallbackFor(tensors, "send")->send(tensors, dst_rank, tag);
+}
+
+c10::intrusive_ptr<::c10d::Work> ProcessGroupSMDDP::recv(
+    std::vector<at::Tensor>& tensors,
+    int src_rank,
+    int tag) {
+  return fallbackFor(tensors, "recv")->recv(tensors, src_rank, tag);
+}
+
+c10::intrusive_ptr<::c10d::Work> ProcessGroupSMDDP::recvAnysource(
+    std::vector<at::Tensor>& tensors,
+    int tag) {
+  return fallbackFor(tensors, "recv")->recvAnysource(tensors, tag);
+}
+
+void ProcessGroupSMDDP::monitoredBarrier(const ::c10d::BarrierOptions& opts, bool wait_all_ranks) {
+  fallbackFor(c10::DeviceType::CPU, "monitored_barrier")->monitoredBarrier(opts, wait_all_ranks);
+}
+
+// ------------------------------------------------------------ lifecycle
+
+void ProcessGroupSMDDP::abort() {
+  if (communicator_) {
+    communicator_->abort(str("rank ", rank_, " aborted the group"));
+  }
+  shutdown();
+  std::lock_guard<std::mutex> lock(mu_);
+  for (auto& kv : fallbacks_) {
+    kv.second->abort();
+  }
+}
+
+void ProcessGroupSMDDP::shutdown() {
+  if (shut_down_.exchange(true)) {
+    return;
+  }
+  if (executor_) {
+    executor_->shutdown(nullptr);
+  }
+  std::unordered_map<int, Ptr<::c10d::Backend>> fallbacks;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    fallbacks = fallbacks_;
+  }
+  for (auto& kv : fallbacks) {
+    kv.second->shutdown();
+  }
+  communicator_.reset();
+}
+
+c10::intrusive_ptr<::c10d::Backend> ProcessGroupSMDDP::split(
+    const Ptr<::c10d::Store>& store,
+    const std::vector<int>& ranks,
+    const Ptr<::c10d::Backend::Options>& opts) {
+  auto it = std::find(ranks.begin(), ranks.end(), rank_);
+  if (it == ranks.end()) {
+    return nullptr;
+  }
+  const int new_rank = static_cast<int>(it - ranks.begin());
+  std::vector<int64_t> global;
+  for (int r : ranks) {
+    global.push_back(global_ranks_.empty() ? r : global_ranks_[static_cast<size_t>(r)]);
+  }
+  auto timeout = opts ? opts->timeout : std::chrono::milliseconds(timeout_ms_.load());
+  std::string name = opts ? opts->group_name : group_name_ + ":split";
+  return c10::make_intrusive<ProcessGroupSMDDP>(
+      store, new_rank, static_cast<int>(ranks.size()), timeout, global, name);
+}
+
+void ProcessGroupSMDDP::setTimeout(std::chrono::milliseconds timeout) {
+  timeout_ms_.store(timeout.count());
+  options_->timeout = timeout;
+}
+
+uint64_t ProcessGroupSMDDP::getSequenceNumberForGroup() {
+  return next_seq_.load();
+}
+
+::c10d::ErrorType ProcessGroupSMDDP::getError() {
+  return broken_.load() ? ::c10d::ErrorType::COMM_ERROR : ::c10d::ErrorType::SUCCESS;
+}
+
+} // namespace smddp

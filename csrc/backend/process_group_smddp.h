@@ -1,0 +1,201 @@
+// ProcessGroupSMDDP: the c10d backend.
+//
+// What runs where:
+//   - AllGather, ReduceScatter, AllReduce (and their list, single and
+//     coalesced forms), Broadcast and Barrier on CPU tensors run natively on
+//     the group's Communicator (algorithm/communicator.h).
+//   - Everything else (all_to_all, send/recv, gather, scatter, reduce,
+//     monitored barrier, sparse, bitwise reduce ops, dtypes smddp does not
+//     reduce, CUDA tensors until the CUDA path exists) is delegated to the
+//     fallback backend of the tensors' device (gloo for CPU, nccl for CUDA),
+//     created by the Python layer on the same store.
+//
+// Argument errors are thrown by the collective call itself (TORCH_CHECK,
+// naming the op and the rank). Communication errors surface in wait() and the
+// future as c10::DistBackendError naming the op, its sequence number, the
+// rank, the peer and the cause; after one, the group is unusable and every
+// later native call fails fast with that first error (and the peers are told,
+// so that they fail promptly too).
+//
+// Threading: collective calls may come from any thread but are expected in the
+// same order on every rank; native work runs on the Executor (one at a time).
+#pragma once
+
+#include <torch/csrc/distributed/c10d/Store.hpp>
+
+#include <atomic>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <unordered_map>
+#include <vector>
+
+#include "algorithm/communicator.h"
+#include "backend/executor.h"
+#include "backend/torch_compat.h"
+#include "backend/work_smddp.h"
+#include "common/config.h"
+#include "topology/topology.h"
+
+namespace smddp {
+
+class ProcessGroupSMDDP : public ::c10d::Backend {
+ public:
+  using Work = ::c10d::Work;
+  template <typename T>
+  using Ptr = c10::intrusive_ptr<T>;
+
+  // Collective over the group: discovers the topology through `store`,
+  // checks that every rank has the same SMDDP_* settings, and builds the
+  // transports. `global_ranks` are the default group's ranks of this group's
+  // members (empty for the default group itself).
+  ProcessGroupSMDDP(
+      const Ptr<::c10d::Store>& store,
+      int rank,
+      int size,
+      std::chrono::milliseconds timeout,
+      std::vector<int64_t> global_ranks,
+      std::string group_name);
+  ~ProcessGroupSMDDP() override;
+
+  const std::string getBackendName() const override {
+    return "smddp";
+  }
+  Ptr<::c10d::Backend::Options> getBackendOptions() override {
+    return options_;
+  }
+
+  // The backend that serves delegated calls on tensors of `device` (set by
+  // the Python layer right after construction; may be null: then such calls
+  // raise).
+  void setFallback(c10::DeviceType device, Ptr<::c10d::Backend> backend);
+  Ptr<::c10d::Backend> fallback(c10::DeviceType device) const;
+
+  // ---- native collectives (CPU); CUDA tensors are delegated for now.
+  Ptr<Work> broadcast(std::vector<at::Tensor>& tensors, const ::c10d::BroadcastOptions& opts) override;
+  Ptr<Work> allreduce(std::vector<at::Tensor>& tensors, const ::c10d::AllreduceOptions& opts) override;
+  Ptr<Work> allreduce_coalesced(std::vector<at::Tensor>& tensors, const ::c10d::AllreduceCoalescedOptions& opts) override;
+  Ptr<Work> allgather(
+      std::vector<std::vector<at::Tensor>>& outputs,
+      std::vector<at::Tensor>& inputs,
+      const ::c10d::AllgatherOptions& opts) override;
+  Ptr<Work> _allgather_base(at::Tensor& output, at::Tensor& input, const ::c10d::AllgatherOptions& opts) override;
+  Ptr<Work> allgather_coalesced(
+      std::vector<std::vector<at::Tensor>>& outputs,
+      std::vector<at::Tensor>& inputs,
+      const ::c10d::AllgatherOptions& opts) override;
+  Ptr<Work> allgather_into_tensor_coalesced(
+      std::vector<at::Tensor>& outputs,
+      std::vector<at::Tensor>& inputs,
+      const ::c10d::AllgatherOptions& opts) override;
+  Ptr<Work> reduce_scatter(
+      std::vector<at::Tensor>& outputs,
+      std::vector<std::vector<at::Tensor>>& inputs,
+      const ::c10d::ReduceScatterOptions& opts) override;
+  Ptr<Work> _reduce_scatter_base(
+      at::Tensor& output,
+      at::Tensor& input,
+      const ::c10d::ReduceScatterOptions& opts) override;
+  Ptr<Work> reduce_scatter_tensor_coalesced(
+      std::vector<at::Tensor>& outputs,
+      std::vector<at::Tensor>& inputs,
+      const ::c10d::ReduceScatterOptions& opts) override;
+  Ptr<Work> barrier(const ::c10d::BarrierOptions& opts) override;
+
+  // ---- delegated to the fallback
+  Ptr<Work> allreduce_sparse(std::vector<at::Tensor>& tensors, const ::c10d::AllreduceOptions& opts) override;
+  Ptr<Work> reduce(std::vector<at::Tensor>& tensors, const ::c10d::ReduceOptions& opts) override;
+  Ptr<Work> gather(
+      std::vector<std::vector<at::Tensor>>& outputs,
+      std::vector<at::Tensor>& inputs,
+      const ::c10d::GatherOptions& opts) override;
+  Ptr<Work> scatter(
+      std::vector<at::Tensor>& outputs,
+      std::vector<std::vector<at::Tensor>>& inputs,
+      const ::c10d::ScatterOptions& opts) override;
+  Ptr<Work> alltoall_base(
+      at::Tensor& output,
+      at::Tensor& input,
+      std::vector<int64_t>& output_split_sizes,
+      std::vector<int64_t>& input_split_sizes,
+      const ::c10d::AllToAllOptions& opts) override;
+  Ptr<Work> alltoall(
+      std::vector<at::Tensor>& outputs,
+      std::vector<at::Tensor>& inputs,
+      const ::c10d::AllToAllOptions& opts) override;
+  Ptr<Work> send(std::vector<at::Tensor>& tensors, int dst_rank, int tag) override;
+  Ptr<Work> recv(std::vector<at::Tensor>& tensors, int src_rank, int tag) override;
+  Ptr<Work> recvAnysource(std::vector<at::Tensor>& tensors, int tag) override;
+  void monitoredBarrier(const ::c10d::BarrierOptions& opts, bool wait_all_ranks) override;
+
+  // ---- lifecycle and properties
+  void abort() override;
+  void shutdown() override;
+  bool supportsSplitting() const override {
+    return true;
+  }
+  Ptr<::c10d::Backend> split(
+      const Ptr<::c10d::Store>& store,
+      const std::vector<int>& ranks,
+      const Ptr<::c10d::Backend::Options>& opts) override;
+  void setTimeout(std::chrono::milliseconds timeout) override;
+  uint64_t getSequenceNumberForGroup() override;
+  ::c10d::ErrorType getError() override;
+
+  // For Python and logs.
+  std::string describe() const;
+  const topology::Topology& topology() const {
+    return *topology_;
+  }
+  const Config& config() const {
+    return config_;
+  }
+
+ private:
+
+  // Runs `body` as the native collective `label` (e.g. "allreduce"); takes
+  // `nseq` sequence numbers (the first is passed to body).
+  Ptr<Work> submitNative(
+      ::c10d::OpType op_type,
+      const char* name,
+      std::vector<at::Tensor> outputs,
+      const std::optional<std::vector<at::Tensor>>& inputs,
+      bool async_op,
+      size_t nseq,
+      std::function<void(uint64_t first_seq, const Deadline& deadline)> body);
+  // The exception to store for a failure of native op `label`.
+  std::exception_ptr translate(const std::string& label, std::exception_ptr error);
+  Ptr<::c10d::Backend> fallbackFor(const std::vector<at::Tensor>& tensors, const char* op) const;
+  Ptr<::c10d::Backend> fallbackFor(c10::DeviceType device, const char* op) const;
+  // Whether CPU tensors of this dtype / reduce op run natively.
+  bool nativeReduce(at::ScalarType dtype, const ::c10d::ReduceOp& op) const;
+  // The reduction of a native call; throws (TORCH_CHECK) for a reduce op
+  // that is not defined on the dtype.
+  algorithm::ReduceSpec makeReduceSpec(
+      const char* op,
+      at::ScalarType dtype,
+      const ::c10d::ReduceOp& rop) const;
+  std::string where(const char* op) const;
+
+  const std::string group_name_;
+  std::vector<int64_t> global_ranks_;
+  Config config_;
+  Ptr<::c10d::Backend::Options> options_;
+  std::unique_ptr<topology::Topology> topology_;
+  std::unique_ptr<algorithm::Communicator> communicator_;
+  std::shared_ptr<Executor> executor_;
+  std::atomic<int64_t> timeout_ms_;
+  std::atomic<uint64_t> next_seq_{0};
+
+  mutable std::mutex mu_;
+  std::unordered_map<int, Ptr<::c10d::Backend>> fallbacks_;
+  std::exception_ptr fatal_;  // first communication error (sticky)
+  std::atomic<bool> broken_{false};
+  std::atomic<bool> shut_down_{false};
+};
+
+// ---- helpers shared with the bindings and tests
+DataType toDataType(at::ScalarType type, bool* ok);
+ReduceOp toReduceOp(const ::c10d::ReduceOp& op, bool* ok);
+
+} // namespace smddp

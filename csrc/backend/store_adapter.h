@@ -1,0 +1,47 @@
+// The core's Store over a c10d::Store (TCPStore, FileStore, PrefixStore...).
+#pragma once
+
+#include <torch/csrc/distributed/c10d/Store.hpp>
+
+#include <chrono>
+
+#include "common/error.h"
+#include "common/store.h"
+
+namespace smddp {
+
+class C10dStoreAdapter : public Store {
+ public:
+  C10dStoreAdapter(c10::intrusive_ptr<::c10d::Store> store, std::chrono::milliseconds timeout)
+      : store_(std::move(store)), timeout_(timeout) {}
+
+  void set(const std::string& key, const std::vector<uint8_t>& value) override {
+    store_->set(key, value);
+  }
+
+  std::vector<uint8_t> get(const std::string& key) override {
+    try {
+      store_->wait({key}, timeout_);
+    } catch (const std::exception& e) {
+      SMDDP_THROW(
+          kTimeout,
+          "the store did not provide '",
+          key,
+          "' within ",
+          timeout_.count(),
+          " ms (did every rank create the group?): ",
+          e.what());
+    }
+    return store_->get(key);
+  }
+
+  int64_t add(const std::string& key, int64_t delta) override {
+    return store_->add(key, delta);
+  }
+
+ private:
+  c10::intrusive_ptr<::c10d::Store> store_;
+  std::chrono::milliseconds timeout_;
+};
+
+} // namespace smddp

@@ -1,0 +1,134 @@
+#include "backend/work_smddp.h"
+
+#include <c10/util/Exception.h>
+
+#include "backend/executor.h"
+
+namespace smddp {
+
+namespace {
+
+c10::intrusive_ptr<c10::ivalue::Future> makeFuture(const std::vector<at::Tensor>& outputs) {
+  std::vector<c10::Device> devices;
+  for (const auto& t : outputs) {
+    if (t.defined() && !t.is_cpu()) {
+      devices.push_back(t.device());
+      break;
+    }
+  }
+  return c10::make_intrusive<c10::ivalue::Future>(
+      c10::ListType::create(c10::TensorType::get()), devices);
+}
+
+} // namespace
+
+WorkSMDDP::WorkSMDDP(
+    int rank,
+    ::c10d::OpType op_type,
+    uint64_t seq,
+    std::string label,
+    std::vector<at::Tensor> outputs,
+    std::function<void()> body,
+    std::shared_ptr<Executor> executor,
+    std::chrono::milliseconds timeout,
+    const char* profiling_title,
+    const std::optional<std::vector<at::Tensor>>& inputs)
+    : ::c10d::Work(rank, op_type, profiling_title, inputs),
+      seq_(seq),
+      label_(std::move(label)),
+      outputs_(std::move(outputs)),
+      body_(std::move(body)),
+      executor_(std::move(executor)),
+      timeout_(timeout),
+      future_(makeFuture(outputs_)) {}
+
+WorkSMDDP::~WorkSMDDP() = default;
+
+bool WorkSMDDP::isCompleted() {
+  return done_.load(std::memory_order_acquire);
+}
+
+std::vector<at::Tensor> WorkSMDDP::result() {
+  return outputs_;
+}
+
+std::chrono::milliseconds WorkSMDDP::getTimeout() const {
+  return timeout_;
+}
+
+c10::intrusive_ptr<c10::ivalue::Future> WorkSMDDP::getFuture() {
+  return future_;
+}
+
+void WorkSMDDP::run() {
+  std::exception_ptr error;
+  try {
+    body_();
+  } catch (...) {
+    error = std::current_exception();
+  }
+  // Drop the closure (and the tensors it holds) before waking anyone.
+  body_ = nullptr;
+  complete(error);
+}
+
+void WorkSMDDP::fail(std::exception_ptr error) {
+  body_ = nullptr;
+  complete(error);
+}
+
+void WorkSMDDP::complete(std::exception_ptr error) {
+  if (error) {
+    future_->setError(error);
+  } else {
+    future_->markCompleted(c10::IValue(outputs_));
+  }
+  done_.store(true, std::memory_order_release);
+  finish(error);
+}
+
+bool WorkSMDDP::wait(std::chrono::milliseconds timeout) {
+  if (!done_.load(std::memory_order_acquire) && executor_) {
+    executor_->runIfNext(this);
+  }
+  std::unique_lock<std::mutex> lock(mutex_);
+  if (timeout == kNoTimeout) {
+    cv_.wait(lock, [&] { return completed_; });
+  } else if (!cv_.wait_for(lock, timeout, [&] { return completed_; })) {
+    TORCH_CHECK_WITH(
+        DistBackendError,
+        false,
+        "ProcessGroupSMDDP: wait() on ",
+        label_,
+        " gave up after ",
+        timeout.count(),
+        " ms; the collective is still running and fails on its own when the "
+        "group's timeout (",
+        timeout_.count(),
+        " ms) expires");
+  }
+  if (exception_) {
+    std::rethrow_exception(exception_);
+  }
+  return true;
+}
+
+c10::intrusive_ptr<::c10d::Work> makeCompletedWork(
+    int rank,
+    ::c10d::OpType op_type,
+    std::vector<at::Tensor> outputs,
+    std::exception_ptr error) {
+  auto work = c10::make_intrusive<WorkSMDDP>(
+      rank,
+      op_type,
+      0,
+      "a local operation",
+      std::move(outputs),
+      nullptr,
+      nullptr,
+      std::chrono::milliseconds(0));
+  work->fail(error);
+  return work;
+}
+
+} // namespace smddp

@@ -1,0 +1,86 @@
+// The Work of a natively executed collective.
+//
+// Lifecycle: created by a collective call with its body (a closure that owns
+// the tensors), submitted to the group's Executor, run once (on the
+// executor's thread or on a thread that waits for it), then completed with
+// success or an exception. Completion marks the future first (DDP's comm
+// hooks chain on it) and then wakes wait().
+//
+// wait(timeout) first offers to run the work on the calling thread when it is
+// next in line and nothing else runs (a synchronous call then costs no thread
+// hand-off); otherwise it blocks. The operation's own deadline (the group's
+// timeout) always applies; a shorter `timeout` given to wait() ends the wait
+// with DistBackendError while the operation keeps running.
+#pragma once
+
+#include <ATen/ATen.h>
+#include <ATen/core/ivalue.h>
+#include <torch/csrc/distributed/c10d/Work.hpp>
+
+#include <atomic>
+#include <functional>
+#include <memory>
+#include <string>
+#include <vector>
+
+namespace smddp {
+
+class Executor;
+
+class WorkSMDDP : public ::c10d::Work {
+ public:
+  WorkSMDDP(
+      int rank,
+      ::c10d::OpType op_type,
+      uint64_t seq,
+      std::string label,
+      std::vector<at::Tensor> outputs,
+      std::function<void()> body,
+      std::shared_ptr<Executor> executor,
+      std::chrono::milliseconds timeout,
+      const char* profiling_title = nullptr,
+      const std::optional<std::vector<at::Tensor>>& inputs = std::nullopt);
+  ~WorkSMDDP() override;
+
+  bool isCompleted() override;
+  std::vector<at::Tensor> result() override;
+  bool wait(std::chrono::milliseconds timeout = kNoTimeout) override;
+  void synchronize() override {}
+  c10::intrusive_ptr<c10::ivalue::Future> getFuture() override;
+  uint64_t getSequencenumber() const override {
+    return seq_;
+  }
+  std::chrono::milliseconds getTimeout() const;
+
+  // Executor side: runs the body once and completes the work. The body's
+  // exception (already translated by the group) becomes the work's.
+  void run();
+  // Completes the work without running it.
+  void fail(std::exception_ptr error);
+
+  const std::string& label() const {
+    return label_;
+  }
+
+ private:
+  void complete(std::exception_ptr error);
+
+  const uint64_t seq_;
+  const std::string label_;
+  std::vector<at::Tensor> outputs_;
+  std::function<void()> body_;
+  std::shared_ptr<Executor> executor_;
+  std::chrono::milliseconds timeout_;
+  c10::intrusive_ptr<c10::ivalue::Future> future_;
+  std::atomic<bool> done_{false};
+};
+
+// An already-finished work, for calls that need no communication (a group
+// of one, empty lists) or that fail before they start.
+c10::intrusive_ptr<::c10d::Work> makeCompletedWork(
+    int rank,
+    ::c10d::OpType op_type,
+    std::vector<at::Tensor> outputs,
+    std::exception_ptr error = nullptr);
+
+} // namespace smddp

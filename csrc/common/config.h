@@ -1,0 +1,110 @@
+// Every SMDDP_* knob, declared once.
+//
+// Each line of SMDDP_CONFIG_KNOBS is one environment variable: its field in
+// Config, its kind, its default and what it means. Config::fromEnv() reads and
+// validates all of them; a bad value throws kConfig naming the variable and
+// the accepted values. smddp/config.py mirrors this table (a test checks the
+// two agree) and the README documents it.
+//
+// A process group snapshots the configuration when it is created, so a test
+// can create groups with different settings in one process.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <functional>
+#include <string>
+#include <vector>
+
+namespace smddp {
+
+enum class Algo { kAuto, kRing, kHierarchical };
+enum class Tristate { kAuto, kOn, kOff };
+
+// X(field, ENV_NAME, agree, kind, default, domain, help)
+// agree: every rank of a group must have the same value (it shapes the
+// schedules); checked when a group is created.
+// kinds and their domain: choice ('|'-separated values), bytes (integer with
+// an optional K/M/G suffix, domain "lo..hi"), int (domain "lo..hi"), bool
+// (0/1/true/false/on/off), string (any).
+#define SMDDP_CONFIG_KNOBS(X)                                                  \
+  X(algo, "SMDDP_ALGO", true, choice, "auto", "auto|ring|hierarchical",              \
+    "Schedule of AllGather/ReduceScatter/AllReduce: auto picks from topology " \
+    "and size; ring forces the flat ring; hierarchical forces rails + node.")  \
+  X(chunk_bytes, "SMDDP_CHUNK_BYTES", true, bytes, "1M", "4K..1G",                   \
+    "Pipeline chunk of the hierarchical and ring schedules.")                  \
+  X(ranks_per_node, "SMDDP_RANKS_PER_NODE", true, int, "0", "0..1048576",            \
+    "Emulate nodes: consecutive groups of this many ranks of one host act as " \
+    "separate nodes (0: a node is a host).")                                   \
+  X(fallback, "SMDDP_FALLBACK", true, choice, "auto", "auto|gloo|none",              \
+    "Backend for the collectives smddp does not implement natively: auto "     \
+    "(gloo for CPU tensors, nccl for CUDA tensors), gloo, or none (raise).")   \
+  X(log_level, "SMDDP_LOG_LEVEL", false, choice, "warn", "debug|info|warn|error|off", \
+    "Verbosity of smddp's messages on stderr.")                                \
+  X(shm, "SMDDP_SHM", true, bool, "1", "",                                           \
+    "Use shared memory between ranks of one node (0: sockets everywhere).")    \
+  X(single_copy, "SMDDP_SINGLE_COPY", true, choice, "auto", "auto|on|off",           \
+    "Read peers' buffers directly (cross-memory attach) instead of staging "   \
+    "through shared memory; auto chooses by message size.")                    \
+  X(single_copy_min_bytes, "SMDDP_SINGLE_COPY_MIN_BYTES", true, bytes, "512K",       \
+    "0..1T",                                                                   \
+    "With SMDDP_SINGLE_COPY=auto, the per-rank message size from which the "   \
+    "single-copy path is used.")                                               \
+  X(shm_slot_bytes, "SMDDP_SHM_SLOT_BYTES", true, bytes, "1M", "4K..1G",             \
+    "Staging buffer of each rank in the node's shared-memory segment.")        \
+  X(spin_us, "SMDDP_SPIN_US", false, int, "20", "0..1000000",                         \
+    "Microseconds a waiting rank spins before it yields and then sleeps.")     \
+  X(socket_ifname, "SMDDP_SOCKET_IFNAME", false, string, "", "",                      \
+    "Network interface (name) or address of the inter-node sockets; empty: "   \
+    "the address this host uses to reach the store.")                          \
+  X(socket_streams, "SMDDP_SOCKET_STREAMS", true, int, "2", "1..16",                 \
+    "TCP connections per peer pair; large transfers are striped over them.")   \
+  X(cuda_ranks_per_gpu, "SMDDP_CUDA_RANKS_PER_GPU", true, int, "1", "1..64",         \
+    "Ranks that share one GPU (for tests on a single GPU).")
+
+struct Config {
+  Algo algo = Algo::kAuto;
+  size_t chunk_bytes = 0;
+  int ranks_per_node = 0;
+  std::string fallback;
+  std::string log_level;
+  bool shm = true;
+  Tristate single_copy = Tristate::kAuto;
+  size_t single_copy_min_bytes = 0;
+  size_t shm_slot_bytes = 0;
+  int spin_us = 0;
+  std::string socket_ifname;
+  int socket_streams = 0;
+  int cuda_ranks_per_gpu = 0;
+
+  // Reads every knob from the environment (getenv by default); unset or
+  // empty means the default. Throws Error(kConfig) naming the first bad
+  // variable and what it accepts.
+  static Config fromEnv(
+      const std::function<const char*(const char*)>& getenv = nullptr);
+
+  // "SMDDP_ALGO=auto;SMDDP_CHUNK_BYTES=1048576;..." over the knobs whose
+  // values must agree between ranks, canonical (parsed) values.
+  std::string agreementString() const;
+  // Human-readable differences between two agreementString()s ("" if none):
+  // "SMDDP_ALGO is 'ring' on one and 'auto' on the other".
+  static std::string describeDifference(const std::string& a, const std::string& b);
+};
+
+struct KnobInfo {
+  std::string name;
+  bool agree;
+  std::string kind;
+  std::string default_value;
+  std::string domain;
+  std::string help;
+};
+
+// The table above, for the Python mirror and the README.
+std::vector<KnobInfo> describeKnobs();
+
+// Parses "4096", "64K", "1M", "2G", "1T" (powers of 1024). Throws kConfig
+// naming `name`.
+size_t parseBytes(const std::string& name, const std::string& value);
+
+} // namespace smddp

@@ -1,0 +1,40 @@
+// The key-value store the ranks of a group meet through (the torch store in
+// production, a directory of files in the native tests).
+//
+// Every blocking call is bounded by the timeout the store was created with
+// and throws Error(kTimeout) naming the key when it expires.
+#pragma once
+
+#include <chrono>
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+namespace smddp {
+
+class Store {
+ public:
+  virtual ~Store() = default;
+  virtual void set(const std::string& key, const std::vector<uint8_t>& value) = 0;
+  // Blocks until the key exists.
+  virtual std::vector<uint8_t> get(const std::string& key) = 0;
+  virtual int64_t add(const std::string& key, int64_t delta) = 0;
+};
+
+// Each rank publishes `mine` under prefix/<rank> and receives everybody's,
+// indexed by rank.
+std::vector<std::vector<uint8_t>> storeAllGather(
+    Store& store,
+    const std::string& prefix,
+    int rank,
+    int size,
+    const std::vector<uint8_t>& mine);
+
+// All `size` ranks arrive before any returns.
+void storeBarrier(Store& store, const std::string& key, int size);
+
+std::vector<uint8_t> toBytes(const std::string& s);
+std::string toString(const std::vector<uint8_t>& b);
+
+} // namespace smddp

@@ -1,0 +1,339 @@
+#include "transport/shm/node_arena.h"
+
+#include <poll.h>
+#include <signal.h>
+#include <sys/syscall.h>
+#include <sys/uio.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstring>
+
+#include "common/error.h"
+#include "common/log.h"
+
+#ifndef SYS_pidfd_open
+#define SYS_pidfd_open 434
+#endif
+
+namespace smddp::transport {
+
+namespace {
+
+constexpr uint64_t kMagic = 0x736d646470617231ull; // "smddpar1"
+constexpr uint32_t kVersion = 1;
+
+size_t alignUp(size_t x, size_t a) {
+  return (x + a - 1) / a * a;
+}
+
+size_t controlsOffset() {
+  return alignUp(sizeof(ArenaHeader), 4096);
+}
+
+size_t slotsOffset(int local_size) {
+  return alignUp(controlsOffset() + sizeof(RankControl) * static_cast<size_t>(local_size), 4096);
+}
+
+size_t totalBytes(int local_size, size_t slot_bytes) {
+  return slotsOffset(local_size) + static_cast<size_t>(local_size) * 2 * slot_bytes;
+}
+
+} // namespace
+
+NodeArena::NodeArena(
+    Store& store,
+    const std::string& key,
+    int local_rank,
+    const std::vector<int>& group_ranks,
+    const Options& options)
+    : options_(options),
+      local_rank_(local_rank),
+      local_size_(static_cast<int>(group_ranks.size())),
+      group_ranks_(group_ranks),
+      slot_bytes_(options.slot_bytes) {
+  const Deadline deadline = Deadline::after(options_.timeout);
+  const size_t total = totalBytes(local_size_, slot_bytes_);
+  if (local_rank_ == 0) {
+    sweepStaleSegments();
+    segment_ = SharedSegment::create(total);
+    header_ = static_cast<ArenaHeader*>(segment_->data());
+    new (header_) ArenaHeader();
+    header_->magic = kMagic;
+    header_->version = kVersion;
+    header_->local_size = static_cast<uint32_t>(local_size_);
+    header_->slot_bytes = slot_bytes_;
+    header_->total_bytes = total;
+    auto* controls = reinterpret_cast<RankControl*>(
+        static_cast<uint8_t*>(segment_->data()) + controlsOffset());
+    for (int l = 0; l < local_size_; ++l) {
+      new (&controls[l]) RankControl();
+    }
+    store.set(key, toBytes(segment_->name()));
+  } else {
+    std::string name = toString(store.get(key));
+    segment_ = SharedSegment::attach(name, total);
+    header_ = static_cast<ArenaHeader*>(segment_->data());
+    if (header_->magic != kMagic || header_->version != kVersion ||
+        header_->local_size != static_cast<uint32_t>(local_size_) ||
+        header_->slot_bytes != slot_bytes_) {
+      SMDDP_THROW(
+          kComm,
+          "shared-memory segment ",
+          name,
+          " does not match this rank's layout (local size ",
+          header_->local_size,
+          " vs ",
+          local_size_,
+          ", slot bytes ",
+          header_->slot_bytes,
+          " vs ",
+          slot_bytes_,
+          "); do all ranks of the node run the same smddp with the same "
+          "SMDDP_* settings?");
+    }
+  }
+  controls_ = reinterpret_cast<RankControl*>(
+      static_cast<uint8_t*>(segment_->data()) + controlsOffset());
+  slots_ = static_cast<uint8_t*>(segment_->data()) + slotsOffset(local_size_);
+  initControl();
+  waitAttached(deadline);
+  if (local_rank_ == 0) {
+    // Everybody has mapped it: the name is no longer needed.
+    segment_->unlinkName();
+  }
+  probeSingleCopy(deadline);
+}
+
+NodeArena::~NodeArena() {
+  for (int fd : pidfds_) {
+    if (fd >= 0) {
+      ::close(fd);
+    }
+  }
+}
+
+void NodeArena::initControl() {
+  RankControl& me = controls_[local_rank_];
+  me.pid = static_cast<int32_t>(::getpid());
+  me.start_time = processStartTime(me.pid);
+  me.attached = 1;
+  header_->attached.fetch_add(1, std::memory_order_seq_cst);
+  for (int l = 0; l < local_size_; ++l) {
+    controls_[l].bell.ring();
+  }
+}
+
+void NodeArena::waitAttached(const Deadline& deadline) {
+  // Each rank rings every bell after attaching, so waiting on ours works.
+  waitUntil(
+      controls_[local_rank_].bell,
+      [&] {
+        return header_->attached.load(std::memory_order_seq_cst) ==
+            static_cast<uint32_t>(local_size_);
+      },
+      options_.wait,
+      deadline,
+      nullptr,
+      [&] {
+        return str(
+            "the ranks of this node to map the shared-memory segment (",
+            header_->attached.load(),
+            " of ",
+            local_size_,
+            " have)");
+      });
+  pids_.assign(static_cast<size_t>(local_size_), 0);
+  pidfds_.assign(static_cast<size_t>(local_size_), -1);
+  for (int l = 0; l < local_size_; ++l) {
+    pids_[l] = controls_[l].pid;
+    if (l != local_rank_) {
+      long fd = ::syscall(SYS_pidfd_open, pids_[l], 0);
+      pidfds_[l] = fd >= 0 ? static_cast<int>(fd) : -1;
+    }
+  }
+}
+
+void NodeArena::probeSingleCopy(const Deadline& deadline) {
+  // Each rank publishes the address and value of a private cookie; the
+  // others try to read it with process_vm_readv. Only if every rank reads
+  // every other does the node use single-copy paths.
+  RankControl& me = controls_[local_rank_];
+  probe_cookie_ = (static_cast<uint64_t>(me.pid) << 20) ^ 0x5a5a5a5a12345678ull ^
+      reinterpret_cast<uint64_t>(this);
+  me.cookie = probe_cookie_;
+  me.cookie_addr = reinterpret_cast<uint64_t>(&probe_cookie_);
+  post();
+  waitAllPhase(my_phase_, deadline);
+  bool ok = true;
+  for (int l = 0; l < local_size_ && ok; ++l) {
+    if (l == local_rank_) {
+      continue;
+    }
+    uint64_t got = 0;
+    struct iovec local = {&got, sizeof(got)};
+    struct iovec remote = {reinterpret_cast<void*>(controls_[l].cookie_addr), sizeof(got)};
+    ssize_t n = ::process_vm_readv(pids_[l], &local, 1, &remote, 1, 0);
+    if (n != static_cast<ssize_t>(sizeof(got)) || got != controls_[l].cookie) {
+      int err = errno;
+      SMDDP_LOG(
+          kInfo,
+          "single-copy reads between ranks of this node are unavailable (rank ",
+          group_ranks_[local_rank_],
+          " reading rank ",
+          group_ranks_[l],
+          ": ",
+          n < 0 ? errnoString(err) : std::string("wrong data"),
+          "); staging through shared memory");
+      ok = false;
+    }
+  }
+  me.single_copy_ok = ok ? 1 : 0;
+  post();
+  waitAllPhase(my_phase_, deadline);
+  single_copy_ok_ = true;
+  for (int l = 0; l < local_size_; ++l) {
+    single_copy_ok_ = single_copy_ok_ && controls_[l].single_copy_ok == 1;
+  }
+}
+
+void NodeArena::post() {
+  RankControl& me = controls_[local_rank_];
+  ++my_phase_;
+  me.phase.store(my_phase_, std::memory_order_seq_cst);
+  me.bell.ring();
+}
+
+void NodeArena::postProgress(uint32_t value) {
+  RankControl& me = controls_[local_rank_];
+  my_progress_ = value;
+  me.progress.store(value, std::memory_order_seq_cst);
+  me.bell.ring();
+}
+
+static inline bool reached(uint32_t value, uint32_t target) {
+  // Wrap-around safe: counters are compared by distance.
+  return static_cast<int32_t>(value - target) >= 0;
+}
+
+void NodeArena::waitPhase(int l, uint32_t target, const Deadline& deadline) {
+  RankControl& peer = controls_[l];
+  waitUntil(
+      peer.bell,
+      [&] {
+        return reached(peer.phase.load(std::memory_order_acquire), target) ||
+            header_->aborted.load(std::memory_order_relaxed) != 0;
+      },
+      options_.wait,
+      deadline,
+      [&] { check(); },
+      [&] { return describePeer(l); });
+  if (header_->aborted.load(std::memory_order_acquire) != 0) {
+    check();
+  }
+}
+
+void NodeArena::waitAllPhase(uint32_t target, const Deadline& deadline) {
+  for (int l = 0; l < local_size_; ++l) {
+    if (l != local_rank_) {
+      waitPhase(l, target, deadline);
+    }
+  }
+}
+
+void NodeArena::waitProgress(int l, uint32_t target, const Deadline& deadline) {
+  RankControl& peer = controls_[l];
+  waitUntil(
+      peer.bell,
+      [&] {
+        return reached(peer.progress.load(std::memory_order_acquire), target) ||
+            header_->aborted.load(std::memory_order_relaxed) != 0;
+      },
+      options_.wait,
+      deadline,
+      [&] { check(); },
+      [&] { return describePeer(l); });
+  if (header_->aborted.load(std::memory_order_acquire) != 0) {
+    check();
+  }
+}
+
+void NodeArena::readFrom(int l, void* dst, uint64_t src, size_t bytes) {
+  auto* d = static_cast<uint8_t*>(dst);
+  while (bytes > 0) {
+    struct iovec local = {d, bytes};
+    struct iovec remote = {reinterpret_cast<void*>(src), bytes};
+    ssize_t n = ::process_vm_readv(pids_[l], &local, 1, &remote, 1, 0);
+    if (n < 0) {
+      if (errno == EINTR) {
+        continue;
+      }
+      int err = errno;
+      check();
+      SMDDP_THROW(
+          kComm,
+          "single-copy read of ",
+          bytes,
+          " bytes from ",
+          describePeer(l),
+          " failed: ",
+          errnoString(err));
+    }
+    if (n == 0) {
+      check();
+      SMDDP_THROW(kComm, "single-copy read from ", describePeer(l), " returned no data");
+    }
+    d += n;
+    src += static_cast<uint64_t>(n);
+    bytes -= static_cast<size_t>(n);
+  }
+}
+
+void NodeArena::abort(const std::string& msg) {
+  uint32_t expected = 0;
+  if (header_->aborted.compare_exchange_strong(expected, 1, std::memory_order_seq_cst)) {
+    std::string m = str("rank ", group_ranks_[local_rank_], " failed: ", msg);
+    size_t n = std::min(m.size(), sizeof(header_->abort_msg) - 1);
+    std::memcpy(header_->abort_msg, m.data(), n);
+    header_->abort_msg[n] = '\0';
+    header_->aborted.store(2, std::memory_order_seq_cst);
+  }
+  for (int l = 0; l < local_size_; ++l) {
+    controls_[l].bell.ring();
+  }
+}
+
+void NodeArena::check() {
+  uint32_t a = header_->aborted.load(std::memory_order_acquire);
+  if (a != 0) {
+    // 1: another rank is writing its message right now.
+    for (int i = 0; i < 1000 && a == 1; ++i) {
+      yieldThread();
+      a = header_->aborted.load(std::memory_order_acquire);
+    }
+    SMDDP_THROW(kAborted, header_->abort_msg);
+  }
+  for (int l = 0; l < local_size_; ++l) {
+    if (l == local_rank_) {
+      continue;
+    }
+    bool dead = false;
+    if (pidfds_[l] >= 0) {
+      struct pollfd p = {pidfds_[l], POLLIN, 0};
+      dead = ::poll(&p, 1, 0) > 0 && (p.revents & POLLIN);
+    } else {
+      dead = ::kill(pids_[l], 0) != 0 && errno == ESRCH;
+    }
+    if (dead) {
+      std::string msg = str(describePeer(l), " exited");
+      abort(msg);
+      SMDDP_THROW(kPeerLost, msg);
+    }
+  }
+}
+
+std::string NodeArena::describePeer(int l) const {
+  return str("rank ", group_ranks_[l], " (pid ", pids_.empty() ? 0 : pids_[l], ", same node)");
+}
+
+} // namespace smddp::transport

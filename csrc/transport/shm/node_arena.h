@@ -1,0 +1,184 @@
+// The shared-memory arena of the ranks of one node in one process group.
+//
+// Layout of the segment (one per group and node, created by local rank 0):
+//
+//   ArenaHeader                       abort flag + message, attach count
+//   RankControl[local_size]           per rank, each on its own cache lines:
+//                                       phase    sync rounds posted
+//                                       progress pipelined chunks posted
+//                                       bell     rung on every post
+//                                       desc[2]  the op it is in (by parity)
+//   slots[local_size][2][slot_bytes]  per rank, two staging buffers
+//
+// Ownership: each rank writes only its own RankControl and its own slots;
+// everybody reads everything. A rank never writes a slot again before every
+// peer has posted the round after the one that read it (double buffering by
+// parity), so the sync rounds double as "done reading" acknowledgements.
+//
+// Threading: one thread of a rank drives the arena at a time (the
+// executor's). abort() and check() may be called from any thread.
+//
+// Timeouts and failures: every wait is bounded by a Deadline; while it sleeps
+// it checks that the peers are alive (pidfd) and that no rank aborted, so a
+// dead peer or a failed rank is reported within one kSliceMs slice.
+#pragma once
+
+#include <atomic>
+#include <chrono>
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "common/clock.h"
+#include "common/store.h"
+#include "transport/shm/futex.h"
+#include "transport/shm/segment.h"
+
+namespace smddp::transport {
+
+// What a rank is about to do; peers compare it with their own (mismatch
+// detection) and read the addresses in it (single-copy).
+struct OpDesc {
+  uint64_t seq = 0;
+  uint8_t kind = 0;
+  uint8_t dtype = 0;
+  uint8_t redop = 0;
+  uint8_t path = 0;
+  int32_t root = 0;
+  uint64_t count = 0;
+  uint64_t in_addr = 0;
+  uint64_t out_addr = 0;
+  uint64_t aux = 0;
+  uint64_t reserved[2] = {0, 0};
+};
+static_assert(sizeof(OpDesc) == 64, "OpDesc is one cache line");
+
+struct alignas(64) RankControl {
+  std::atomic<uint32_t> phase{0};
+  std::atomic<uint32_t> progress{0};
+  int32_t pid = 0;
+  uint32_t attached = 0;
+  uint64_t start_time = 0;
+  uint64_t cookie = 0;
+  uint64_t cookie_addr = 0;
+  uint32_t single_copy_ok = 0;
+  char pad0[20];
+  Doorbell bell;
+  char pad1[56];
+  OpDesc desc[2];
+};
+
+struct ArenaHeader {
+  uint64_t magic = 0;
+  uint32_t version = 0;
+  uint32_t local_size = 0;
+  uint64_t slot_bytes = 0;
+  uint64_t total_bytes = 0;
+  std::atomic<uint32_t> attached{0};
+  std::atomic<uint32_t> aborted{0};
+  char abort_msg[1024];
+};
+
+class NodeArena {
+ public:
+  struct Options {
+    size_t slot_bytes = 1 << 20;
+    WaitPolicy wait;
+    std::chrono::milliseconds timeout{30000};
+  };
+
+  // Collective over the node's ranks. `key` must be unique to the group and
+  // node in `store`; `group_ranks[l]` is the group rank of local rank l (for
+  // messages).
+  NodeArena(
+      Store& store,
+      const std::string& key,
+      int local_rank,
+      const std::vector<int>& group_ranks,
+      const Options& options);
+  ~NodeArena();
+  NodeArena(const NodeArena&) = delete;
+  NodeArena& operator=(const NodeArena&) = delete;
+
+  int localRank() const {
+    return local_rank_;
+  }
+  int localSize() const {
+    return local_size_;
+  }
+  int groupRankOf(int l) const {
+    return group_ranks_[static_cast<size_t>(l)];
+  }
+  size_t slotBytes() const {
+    return slot_bytes_;
+  }
+  const WaitPolicy& waitPolicy() const {
+    return options_.wait;
+  }
+  // Whether every rank of the node can read every other's memory
+  // (process_vm_readv), probed at set-up.
+  bool singleCopyAvailable() const {
+    return single_copy_ok_;
+  }
+
+  RankControl& control(int l) const {
+    return controls_[l];
+  }
+  OpDesc& myDesc(uint64_t seq) const {
+    return controls_[local_rank_].desc[seq & 1];
+  }
+  const OpDesc& peerDesc(int l, uint64_t seq) const {
+    return controls_[l].desc[seq & 1];
+  }
+  uint8_t* slot(int l, uint32_t parity) const {
+    return slots_ + (static_cast<size_t>(l) * 2 + (parity & 1)) * slot_bytes_;
+  }
+
+  // Sync rounds: post() publishes the next phase; peers wait for it.
+  uint32_t phase() const {
+    return my_phase_;
+  }
+  void post();
+  void waitPhase(int l, uint32_t target, const Deadline& deadline);
+  void waitAllPhase(uint32_t target, const Deadline& deadline);
+
+  // Pipelined progress: a monotonic counter per rank.
+  uint32_t progress() const {
+    return my_progress_;
+  }
+  void postProgress(uint32_t value);
+  void waitProgress(int l, uint32_t target, const Deadline& deadline);
+
+  // Copies `bytes` from address `src` of local rank l into `dst`.
+  void readFrom(int l, void* dst, uint64_t src, size_t bytes);
+
+  // Marks the arena failed: every local rank's next wait throws `msg`.
+  void abort(const std::string& msg);
+  // Throws if the arena was aborted or a local peer died.
+  void check();
+
+ private:
+  void initControl();
+  void waitAttached(const Deadline& deadline);
+  void probeSingleCopy(const Deadline& deadline);
+  std::string describePeer(int l) const;
+
+  Options options_;
+  int local_rank_;
+  int local_size_;
+  std::vector<int> group_ranks_;
+  size_t slot_bytes_;
+  std::unique_ptr<SharedSegment> segment_;
+  ArenaHeader* header_ = nullptr;
+  RankControl* controls_ = nullptr;
+  uint8_t* slots_ = nullptr;
+  std::vector<int> pidfds_;
+  std::vector<int> pids_;
+  uint32_t my_phase_ = 0;
+  uint32_t my_progress_ = 0;
+  bool single_copy_ok_ = false;
+  uint64_t probe_cookie_ = 0;
+};
+
+} // namespace smddp::transport

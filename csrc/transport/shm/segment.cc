@@ -1,0 +1,213 @@
+#include "transport/shm/segment.h"
+
+#include <dirent.h>
+#include <fcntl.h>
+#include <sys/mman.h>
+#include <sys/random.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstdio>
+#include <cstring>
+#include <fstream>
+
+#include "common/error.h"
+#include "common/log.h"
+
+namespace smddp::transport {
+
+namespace {
+
+constexpr const char* kShmDir = "/dev/shm";
+
+std::string prefixForUser() {
+  return str("smddp-", ::getuid(), "-");
+}
+
+void* mapFd(int fd, size_t bytes, const std::string& name) {
+  void* p = ::mmap(
+      nullptr, bytes, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_POPULATE, fd, 0);
+  if (p == MAP_FAILED) {
+    int err = errno;
+    SMDDP_THROW(
+        kComm,
+        "mmap of shared-memory segment ",
+        name,
+        " (",
+        bytes,
+        " bytes) failed: ",
+        errnoString(err),
+        "; is /dev/shm large enough? (df -h /dev/shm)");
+  }
+  return p;
+}
+
+int sweepOne(const std::string& entry) {
+  // entry: smddp-<uid>-<pid>-<start>-<token>
+  int pid = 0;
+  unsigned long long start = 0;
+  unsigned uid = 0;
+  char token[64] = {0};
+  if (std::sscanf(entry.c_str(), "smddp-%u-%d-%llu-%63s", &uid, &pid, &start, token) != 4) {
+    return 0;
+  }
+  if (uid != ::getuid() || pid <= 0) {
+    return 0;
+  }
+  unsigned long long now_start = processStartTime(pid);
+  if (now_start != 0 && now_start == start) {
+    return 0; // creator still running
+  }
+  if (::shm_unlink(("/" + entry).c_str()) == 0) {
+    SMDDP_LOG(kInfo, "removed stale shared-memory segment ", kShmDir, "/", entry,
+              " of a process that is gone (pid ", pid, ")");
+    return 1;
+  }
+  return 0;
+}
+
+} // namespace
+
+std::string randomToken() {
+  unsigned char buf[16];
+  size_t got = 0;
+  while (got < sizeof(buf)) {
+    ssize_t n = ::getrandom(buf + got, sizeof(buf) - got, 0);
+    if (n < 0) {
+      if (errno == EINTR) {
+        continue;
+      }
+      SMDDP_SYSCHECK(-1, "getrandom");
+    }
+    got += static_cast<size_t>(n);
+  }
+  static const char* hex = "0123456789abcdef";
+  std::string out;
+  for (unsigned char c : buf) {
+    out += hex[c >> 4];
+    out += hex[c & 15];
+  }
+  return out;
+}
+
+unsigned long long processStartTime(int pid) {
+  std::ifstream f(str("/proc/", pid, "/stat"));
+  if (!f) {
+    return 0;
+  }
+  std::string line;
+  std::getline(f, line);
+  // The command name (field 2) may contain spaces and parentheses: parse
+  // from the last ')'.
+  size_t close = line.rfind(')');
+  if (close == std::string::npos) {
+    return 0;
+  }
+  const char* p = line.c_str() + close + 2;
+  // Fields from 3 on; start time is field 22, i.e. the 20th after ')'.
+  for (int field = 3; field < 22 && *p; ++field) {
+    p = std::strchr(p, ' ');
+    if (p == nullptr) {
+      return 0;
+    }
+    ++p;
+  }
+  return std::strtoull(p, nullptr, 10);
+}
+
+SharedSegment::SharedSegment(std::string name, void* data, size_t size, bool owner)
+    : name_(std::move(name)), data_(data), size_(size), owner_(owner), linked_(owner) {}
+
+std::unique_ptr<SharedSegment> SharedSegment::create(size_t bytes) {
+  const int pid = static_cast<int>(::getpid());
+  std::string name = str(
+      "/", prefixForUser(), pid, "-", processStartTime(pid), "-", randomToken());
+  int fd = ::shm_open(name.c_str(), O_CREAT | O_EXCL | O_RDWR, 0600);
+  SMDDP_SYSCHECK(fd, "shm_open(", name, ") for a new segment");
+  // The mode given to shm_open is filtered by the umask; make sure.
+  ::fchmod(fd, 0600);
+  if (::ftruncate(fd, static_cast<off_t>(bytes)) != 0) {
+    int err = errno;
+    ::close(fd);
+    ::shm_unlink(name.c_str());
+    SMDDP_THROW(
+        kComm,
+        "cannot size shared-memory segment ",
+        name,
+        " to ",
+        bytes,
+        " bytes: ",
+        errnoString(err));
+  }
+  void* p = nullptr;
+  try {
+    p = mapFd(fd, bytes, name);
+  } catch (...) {
+    ::close(fd);
+    ::shm_unlink(name.c_str());
+    throw;
+  }
+  ::close(fd);
+  return std::unique_ptr<SharedSegment>(new SharedSegment(name, p, bytes, true));
+}
+
+std::unique_ptr<SharedSegment> SharedSegment::attach(const std::string& name, size_t bytes) {
+  int fd = ::shm_open(name.c_str(), O_RDWR, 0);
+  SMDDP_SYSCHECK(fd, "shm_open(", name, ") of a peer's segment");
+  struct stat st;
+  if (::fstat(fd, &st) != 0 || static_cast<size_t>(st.st_size) != bytes) {
+    ::close(fd);
+    SMDDP_THROW(
+        kComm,
+        "shared-memory segment ",
+        name,
+        " has ",
+        static_cast<long long>(st.st_size),
+        " bytes, expected ",
+        bytes,
+        "; do all ranks run the same smddp and configuration?");
+  }
+  void* p = nullptr;
+  try {
+    p = mapFd(fd, bytes, name);
+  } catch (...) {
+    ::close(fd);
+    throw;
+  }
+  ::close(fd);
+  return std::unique_ptr<SharedSegment>(new SharedSegment(name, p, bytes, false));
+}
+
+void SharedSegment::unlinkName() {
+  if (owner_ && linked_) {
+    ::shm_unlink(name_.c_str());
+    linked_ = false;
+  }
+}
+
+SharedSegment::~SharedSegment() {
+  unlinkName();
+  if (data_ != nullptr) {
+    ::munmap(data_, size_);
+  }
+}
+
+int sweepStaleSegments() {
+  DIR* dir = ::opendir(kShmDir);
+  if (dir == nullptr) {
+    return 0;
+  }
+  const std::string prefix = prefixForUser();
+  int removed = 0;
+  while (struct dirent* e = ::readdir(dir)) {
+    std::string entry = e->d_name;
+    if (entry.compare(0, prefix.size(), prefix) == 0) {
+      removed += sweepOne(entry);
+    }
+  }
+  ::closedir(dir);
+  return removed;
+}
+
+} // namespace smddp::transport

@@ -1,0 +1,86 @@
+"""Builds smddp: the Python package and its native extension smddp._C.
+
+CPU sources are always built. CUDA sources (csrc/cuda) are built when torch
+has CUDA and nvcc is found; SMDDP_WITH_CUDA=1 insists on them (and fails if
+they cannot be built), SMDDP_WITH_CUDA=0 leaves them out.
+
+    pip install --no-build-isolation .        # or -e .
+"""
+
+import glob
+import os
+import sys
+
+from setuptools import find_packages, setup
+
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "tools"))
+
+import build_env  # noqa: E402  (tools/build_env.py: toolkit discovery)
+from torch.utils.cpp_extension import BuildExtension, CppExtension, CUDAExtension  # noqa: E402
+
+ROOT = os.path.dirname(os.path.abspath(__file__))
+CSRC = os.path.join(ROOT, "csrc")
+
+
+def rel(paths):
+    return sorted(os.path.relpath(p, ROOT) for p in paths)
+
+
+def cpu_sources():
+    srcs = glob.glob(os.path.join(CSRC, "**", "*.cc"), recursive=True)
+    return rel(s for s in srcs if os.sep + "cuda" + os.sep not in s)
+
+
+def cuda_sources():
+    srcs = glob.glob(os.path.join(CSRC, "cuda", "*.cc")) + glob.glob(os.path.join(CSRC, "cuda", "*.cu"))
+    return rel(srcs)
+
+
+def make_extension():
+    cxx_flags = [
+        "-O3",
+        "-std=c++20",
+        # Reductions must give the same bits with and without FMA units.
+        "-ffp-contract=off",
+        "-fvisibility=hidden",
+        "-Wall",
+        "-Wno-unused-function",
+    ]
+    want_cuda = build_env.want_cuda()
+    if want_cuda and cuda_sources():
+        cuda = build_env.cuda_build_settings()
+        os.environ["CUDA_HOME"] = cuda["cuda_home"]
+        return CUDAExtension(
+            name="smddp._C",
+            sources=cpu_sources() + cuda_sources(),
+            include_dirs=[CSRC] + cuda["include_dirs"],
+            library_dirs=cuda["library_dirs"],
+            extra_link_args=cuda["link_args"],
+            define_macros=[("SMDDP_WITH_CUDA", "1")],
+            extra_compile_args={
+                "cxx": cxx_flags + ["-DSMDDP_WITH_CUDA=1"],
+                "nvcc": ["-O3", "-std=c++20", "-DSMDDP_WITH_CUDA=1"] + cuda["nvcc_arch_flags"],
+            },
+        )
+    return CppExtension(
+        name="smddp._C",
+        sources=cpu_sources(),
+        include_dirs=[CSRC],
+        extra_compile_args=cxx_flags,
+    )
+
+
+setup(
+    name="smddp",
+    version="0.1.0",
+    description="Hierarchical AllGather/ReduceScatter/AllReduce backend for PyTorch",
+    python_requires=">=3.10",
+    packages=find_packages(include=["smddp", "smddp.*"]),
+    ext_modules=[make_extension()],
+    cmdclass={"build_ext": BuildExtension.with_options(use_ninja=True)},
+    entry_points={
+        "torch.distributed.backends": ["smddp = smddp:register"],
+        "console_scripts": ["smddp-bench = smddp.bench.cli:main"],
+    },
+    zip_safe=False,
+)

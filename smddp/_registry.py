@@ -1,0 +1,74 @@
+"""Registration of the "smddp" backend with torch.distributed."""
+
+from __future__ import annotations
+
+import datetime
+import threading
+from typing import Any
+
+import torch
+import torch.distributed as dist
+
+from smddp import _C
+from smddp import config as _config
+
+BACKEND_NAME = "smddp"
+ProcessGroupSMDDP = _C.ProcessGroupSMDDP
+
+_lock = threading.Lock()
+_registered = False
+
+
+def _make_fallbacks(
+    store: dist.Store, rank: int, size: int, timeout: datetime.timedelta, mode: str
+) -> list[tuple[str, Any]]:
+    """The backends that serve what smddp does not implement natively.
+
+    Called by the native layer whenever a group is created (also by split),
+    with a store prefixed for the fallbacks.
+    """
+    gloo = dist.ProcessGroupGloo(dist.PrefixStore("gloo/", store), rank, size, timeout)
+    out: list[tuple[str, Any]] = [("cpu", gloo)]
+    if mode == "gloo":
+        out.append(("cuda", gloo))
+    elif torch.cuda.is_available() and dist.is_nccl_available():
+        opts = dist.ProcessGroupNCCL.Options()
+        opts._timeout = timeout
+        nccl = dist.ProcessGroupNCCL(dist.PrefixStore("nccl/", store), rank, size, opts)
+        out.append(("cuda", nccl))
+    return out
+
+
+def _create_backend(opts: Any, backend_options: Any = None) -> ProcessGroupSMDDP:
+    """Creator called by torch.distributed for every group using smddp."""
+    return ProcessGroupSMDDP(
+        opts.store,
+        opts.group_rank,
+        opts.group_size,
+        opts.timeout,
+        [int(r) for r in opts.global_ranks_in_group],
+        str(opts.group_id),
+    )
+
+
+def register() -> None:
+    """Registers the "smddp" backend (idempotent).
+
+    Called on ``import smddp``, and by torch >= 2.14 through the
+    ``torch.distributed.backends`` entry point.
+    """
+    global _registered
+    with _lock:
+        if _registered:
+            return
+        _config.apply_log_level()
+        _C.set_fallback_factory(_make_fallbacks)
+        dist.Backend.register_backend(
+            BACKEND_NAME, _create_backend, extended_api=True, devices=["cpu", "cuda"]
+        )
+        _registered = True
+
+
+def is_registered() -> bool:
+    """Whether ``backend="smddp"`` is available in this process."""
+    return _registered

@@ -1,0 +1,98 @@
+"""The SMDDP_* environment variables.
+
+The native core declares each knob once (csrc/common/config.h); this module
+mirrors that table for Python users and the README (a test checks that the
+two agree). Values are read when a process group is created, so set them
+before ``init_process_group`` / ``new_group``; a bad value is an error naming
+the variable.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class Knob:
+    name: str
+    agree: bool  # must be the same on every rank of a group
+    kind: str  # choice, bytes, int, bool or string
+    default: str
+    domain: str  # choices ("a|b") or range ("lo..hi")
+    help: str
+
+
+KNOBS: tuple[Knob, ...] = (
+    Knob("SMDDP_ALGO", True, "choice", "auto", "auto|ring|hierarchical",
+         "Schedule of AllGather/ReduceScatter/AllReduce: auto picks from topology and size; "
+         "ring forces the flat ring; hierarchical forces rails + node."),
+    Knob("SMDDP_CHUNK_BYTES", True, "bytes", "1M", "4K..1G",
+         "Pipeline chunk of the hierarchical and ring schedules."),
+    Knob("SMDDP_RANKS_PER_NODE", True, "int", "0", "0..1048576",
+         "Emulate nodes: consecutive groups of this many ranks of one host act as separate "
+         "nodes (0: a node is a host)."),
+    Knob("SMDDP_FALLBACK", True, "choice", "auto", "auto|gloo|none",
+         "Backend for the collectives smddp does not implement natively: auto (gloo for CPU "
+         "tensors, nccl for CUDA tensors), gloo, or none (raise)."),
+    Knob("SMDDP_LOG_LEVEL", False, "choice", "warn", "debug|info|warn|error|off",
+         "Verbosity of smddp's messages on stderr."),
+    Knob("SMDDP_SHM", True, "bool", "1", "",
+         "Use shared memory between ranks of one node (0: sockets everywhere)."),
+    Knob("SMDDP_SINGLE_COPY", True, "choice", "auto", "auto|on|off",
+         "Read peers' buffers directly (cross-memory attach) instead of staging through "
+         "shared memory; auto chooses by message size."),
+    Knob("SMDDP_SINGLE_COPY_MIN_BYTES", True, "bytes", "512K", "0..1T",
+         "With SMDDP_SINGLE_COPY=auto, the per-rank message size from which the single-copy "
+         "path is used."),
+    Knob("SMDDP_SHM_SLOT_BYTES", True, "bytes", "1M", "4K..1G",
+         "Staging buffer of each rank in the node's shared-memory segment."),
+    Knob("SMDDP_SPIN_US", False, "int", "20", "0..1000000",
+         "Microseconds a waiting rank spins before it yields and then sleeps."),
+    Knob("SMDDP_SOCKET_IFNAME", False, "string", "", "",
+         "Network interface (name) or address of the inter-node sockets; empty: the address "
+         "this host uses to reach the store."),
+    Knob("SMDDP_SOCKET_STREAMS", True, "int", "2", "1..16",
+         "TCP connections per peer pair; large transfers are striped over them."),
+    Knob("SMDDP_CUDA_RANKS_PER_GPU", True, "int", "1", "1..64",
+         "Ranks that share one GPU (for tests on a single GPU)."),
+)
+
+
+def knob(name: str) -> Knob:
+    """The knob called ``name`` (KeyError if there is none)."""
+    for k in KNOBS:
+        if k.name == name:
+            return k
+    raise KeyError(name)
+
+
+def current() -> dict[str, str]:
+    """Every knob's value as this process sees it (the default if unset)."""
+    return {k.name: (os.environ.get(k.name) or k.default) for k in KNOBS}
+
+
+def check() -> None:
+    """Raises ValueError naming the first SMDDP_* variable with a bad value."""
+    from smddp import _C
+
+    _C.check_config()
+
+
+def apply_log_level() -> None:
+    """Applies SMDDP_LOG_LEVEL to the native logger."""
+    from smddp import _C
+
+    level = (os.environ.get("SMDDP_LOG_LEVEL") or "warn").strip().lower()
+    _C.set_log_level(level)
+
+
+def markdown_table() -> str:
+    """The README's table of knobs."""
+    rows = ["| variable | default | values | meaning |", "|---|---|---|---|"]
+    for k in KNOBS:
+        values = k.domain.replace("|", ", ") if k.kind == "choice" else (k.domain or k.kind)
+        if k.kind == "bytes":
+            values = f"bytes, {k.domain} (K/M/G suffixes)"
+        rows.append(f"| `{k.name}` | `{k.default or '(empty)'}` | {values} | {k.help} |")
+    return "\n".join(rows)
