@@ -1,0 +1,61 @@
+# The two commands of the README do all the set-up on a fresh machine:
+#
+#   make bench   the side-by-side benchmark (smddp against gloo here, nccl on GPUs)
+#   make test    native tests (ctest) and the Python tests (pytest)
+#
+# Both create the virtual environment (.venv) and build smddp into it first.
+
+PYTHON      ?= python3
+VENV        ?= .venv
+TORCH       ?= 2.14.1
+PY          := $(VENV)/bin/python
+PIP         := $(VENV)/bin/pip
+JOBS        ?= $(shell nproc 2>/dev/null || echo 2)
+NATIVE_DIR  ?= native-build
+PYTEST_ARGS ?=
+BENCH_ARGS  ?=
+
+.PHONY: all venv build test pytest native-test asan tsan bench clean
+
+all: build
+
+$(VENV)/.deps: requirements-dev.txt
+	$(PYTHON) -m venv $(VENV)
+	$(PIP) install --upgrade pip setuptools wheel
+	$(PIP) install torch==$(TORCH) -r requirements-dev.txt
+	touch $@
+
+venv: $(VENV)/.deps
+
+$(VENV)/.installed: $(VENV)/.deps setup.py
+	MAX_JOBS=$(JOBS) $(PIP) install --no-build-isolation --no-deps -e .
+	touch $@
+
+# Incremental rebuild of the extension in place (ninja recompiles what changed).
+build: $(VENV)/.installed
+	MAX_JOBS=$(JOBS) $(PY) setup.py -q build_ext --inplace
+
+CMAKE_EXTRA ?=
+
+native-test:
+	cmake -S . -B $(NATIVE_DIR) -DCMAKE_BUILD_TYPE=RelWithDebInfo $(CMAKE_EXTRA) >/dev/null
+	cmake --build $(NATIVE_DIR) -j $(JOBS)
+	ctest --test-dir $(NATIVE_DIR) --output-on-failure
+
+asan:
+	$(MAKE) native-test NATIVE_DIR=$(NATIVE_DIR)-asan CMAKE_EXTRA=-DSMDDP_SANITIZE=address
+
+tsan:
+	$(MAKE) native-test NATIVE_DIR=$(NATIVE_DIR)-tsan CMAKE_EXTRA=-DSMDDP_SANITIZE=thread
+
+pytest: build
+	$(PY) -m pytest -q tests $(PYTEST_ARGS)
+
+test: build native-test
+	$(PY) -m pytest -q tests $(PYTEST_ARGS)
+
+bench: build
+	$(PY) -m smddp.bench $(BENCH_ARGS)
+
+clean:
+	rm -rf build $(NATIVE_DIR) $(NATIVE_DIR)-asan $(NATIVE_DIR)-tsan smddp/*.so *.egg-info

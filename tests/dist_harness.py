@@ -1,0 +1,212 @@
+"""Multi-process test harness: ranks that join a process group once and then
+run many test cases on request.
+
+    pool = RankPool(world=4, env={"SMDDP_RANKS_PER_NODE": "2"})
+    results = pool.run(case_allreduce, torch.float32, 1024)   # one per rank
+    pool.close()
+
+A case is a module-level function of a test module, called in every rank as
+``fn(*args, **kwargs)`` after ``init_process_group`` (so ``dist.get_rank()``
+etc. work); whatever it returns (picklable) comes back as a list indexed by
+rank. An exception in any rank fails the call with every failing rank's
+traceback. Every call is bounded in time: a rank that does not answer within
+``timeout`` seconds gets the whole pool killed and the call fails with a
+TimeoutError naming the silent ranks, so a hang is a test failure, never a
+stuck CI job.
+"""
+
+from __future__ import annotations
+
+import datetime
+import importlib
+import multiprocessing as mp
+import os
+import sys
+import tempfile
+import time
+import traceback
+from typing import Any, Callable
+
+_HERE = os.path.dirname(os.path.abspath(__file__))
+
+
+class RankFailure(AssertionError):
+    """A case raised in one or more ranks."""
+
+
+def _rank_main(rank, world, conn, env, init_file, backend, pg_timeout_s):  # pragma: no cover - child
+    os.environ.update(env)
+    os.environ["RANK"] = str(rank)
+    os.environ["WORLD_SIZE"] = str(world)
+    try:
+        import torch  # noqa: F401
+        import torch.distributed as dist
+
+        import smddp  # noqa: F401
+
+        dist.init_process_group(
+            backend,
+            init_method=f"file://{init_file}",
+            rank=rank,
+            world_size=world,
+            timeout=datetime.timedelta(seconds=pg_timeout_s),
+        )
+        conn.send(("ok", None))
+    except BaseException:
+        conn.send(("error", traceback.format_exc()))
+        return
+    while True:
+        try:
+            msg = conn.recv()
+        except EOFError:
+            break
+        if msg is None:
+            break
+        module, name, args, kwargs = msg
+        try:
+            fn = getattr(importlib.import_module(module), name)
+            conn.send(("ok", fn(*args, **kwargs)))
+        except BaseException:
+            conn.send(("error", traceback.format_exc()))
+    try:
+        dist.destroy_process_group()
+    except Exception:
+        pass
+    conn.send(("closed", None))
+
+
+class RankPool:
+    """``world`` rank processes in one process group, ready to run cases."""
+
+    def __init__(
+        self,
+        world: int,
+        env: dict[str, str] | None = None,
+        backend: str = "smddp",
+        start_timeout: float = 120.0,
+        pg_timeout: float = 60.0,
+    ):
+        self.world = world
+        self.env = dict(env or {})
+        self.backend = backend
+        self._ctx = mp.get_context("spawn")
+        fd, self._init_file = tempfile.mkstemp(prefix="smddp-test-init-")
+        os.close(fd)
+        os.unlink(self._init_file)
+        child_env = dict(self.env)
+        child_env.setdefault("PYTHONUNBUFFERED", "1")
+        self._conns = []
+        self._procs = []
+        for rank in range(world):
+            parent, child = self._ctx.Pipe()
+            p = self._ctx.Process(
+                target=_rank_main,
+                args=(rank, world, child, child_env, self._init_file, backend, pg_timeout),
+                daemon=True,
+                name=f"rank{rank}",
+            )
+            p.start()
+            child.close()
+            self._conns.append(parent)
+            self._procs.append(p)
+        self.alive = True
+        self._collect("start-up", start_timeout)
+
+    def _collect(self, what: str, timeout: float) -> list[Any]:
+        deadline = time.monotonic() + timeout
+        results: list[Any] = [None] * self.world
+        pending = set(range(self.world))
+        errors = {}
+        while pending:
+            for rank in sorted(pending):
+                conn = self._conns[rank]
+                if conn.poll(0.01):
+                    try:
+                        status, payload = conn.recv()
+                    except EOFError:
+                        status, payload = "error", f"rank {rank} exited (code {self._procs[rank].exitcode})"
+                    pending.discard(rank)
+                    if status == "error":
+                        errors[rank] = payload
+                    else:
+                        results[rank] = payload
+                elif not self._procs[rank].is_alive() and not conn.poll(0):
+                    pending.discard(rank)
+                    errors[rank] = f"rank {rank} died (exit code {self._procs[rank].exitcode})"
+            if pending and time.monotonic() > deadline:
+                self.kill()
+                raise TimeoutError(
+                    f"{what}: ranks {sorted(pending)} of {self.world} did not finish within "
+                    f"{timeout:.0f} s; the pool was killed"
+                    + "".join(f"\n--- rank {r} ---\n{e}" for r, e in sorted(errors.items()))
+                )
+        if errors:
+            raise RankFailure(
+                f"{what} failed on ranks {sorted(errors)}:"
+                + "".join(f"\n--- rank {r} ---\n{e}" for r, e in sorted(errors.items()))
+            )
+        return results
+
+    def run(self, fn: Callable[..., Any], *args: Any, timeout: float = 120.0, **kwargs: Any) -> list[Any]:
+        """Runs ``fn(*args, **kwargs)`` in every rank; returns the results."""
+        if not self.alive:
+            raise RuntimeError("this rank pool was killed by an earlier failure")
+        module = fn.__module__
+        if module == "__main__":
+            raise ValueError("cases must live in an importable module")
+        for conn in self._conns:
+            conn.send((module, fn.__name__, args, kwargs))
+        try:
+            return self._collect(f"{fn.__name__}{args!r}", timeout)
+        except RankFailure:
+            # The group may be broken (a communication error is sticky):
+            # don't reuse it.
+            self.kill()
+            raise
+
+    def kill(self) -> None:
+        self.alive = False
+        for p in self._procs:
+            if p.is_alive():
+                p.kill()
+        for p in self._procs:
+            p.join(timeout=10)
+
+    def close(self, timeout: float = 30.0) -> None:
+        if not self.alive:
+            return
+        for conn in self._conns:
+            try:
+                conn.send(None)
+            except (BrokenPipeError, OSError):
+                pass
+        deadline = time.monotonic() + timeout
+        for p in self._procs:
+            p.join(timeout=max(0.1, deadline - time.monotonic()))
+        self.kill()
+        try:
+            os.unlink(self._init_file)
+        except OSError:
+            pass
+
+
+def spawn_ranks(
+    fn: Callable[..., Any],
+    world: int,
+    *args: Any,
+    env: dict[str, str] | None = None,
+    timeout: float = 180.0,
+    backend: str = "smddp",
+    **kwargs: Any,
+) -> list[Any]:
+    """One-shot: a fresh pool runs one case and is closed."""
+    pool = RankPool(world, env=env, backend=backend)
+    try:
+        return pool.run(fn, *args, timeout=timeout, **kwargs)
+    finally:
+        pool.close()
+
+
+# The tests directory is importable in the children (cases live there).
+if _HERE not in sys.path:
+    sys.path.insert(0, _HERE)

@@ -1,0 +1,77 @@
+// Every knob parses its documented forms and rejects the rest with a message
+// that names the variable.
+#include <map>
+
+#include "common/config.h"
+#include "harness.h"
+
+using namespace smddp;
+
+namespace {
+
+Config withEnv(const std::map<std::string, std::string>& env) {
+  return Config::fromEnv([&](const char* name) -> const char* {
+    auto it = env.find(name);
+    return it == env.end() ? nullptr : it->second.c_str();
+  });
+}
+
+} // namespace
+
+SMDDP_TEST(defaults) {
+  Config c = withEnv({});
+  EXPECT_TRUE(c.algo == Algo::kAuto);
+  EXPECT_EQ(c.chunk_bytes, size_t{1} << 20);
+  EXPECT_EQ(c.ranks_per_node, 0);
+  EXPECT_EQ(c.fallback, std::string("auto"));
+  EXPECT_TRUE(c.shm);
+  EXPECT_TRUE(c.single_copy == Tristate::kAuto);
+  EXPECT_EQ(c.shm_slot_bytes, size_t{1} << 20);
+}
+
+SMDDP_TEST(parses_values) {
+  Config c = withEnv({{"SMDDP_ALGO", "Hierarchical"},
+                      {"SMDDP_CHUNK_BYTES", "256K"},
+                      {"SMDDP_RANKS_PER_NODE", "2"},
+                      {"SMDDP_SHM", "off"},
+                      {"SMDDP_SINGLE_COPY", "on"},
+                      {"SMDDP_SHM_SLOT_BYTES", "65536"}});
+  EXPECT_TRUE(c.algo == Algo::kHierarchical);
+  EXPECT_EQ(c.chunk_bytes, size_t{256} << 10);
+  EXPECT_EQ(c.ranks_per_node, 2);
+  EXPECT_TRUE(!c.shm);
+  EXPECT_TRUE(c.single_copy == Tristate::kOn);
+  EXPECT_EQ(c.shm_slot_bytes, size_t{65536});
+}
+
+SMDDP_TEST(rejects_bad_values_naming_the_variable) {
+  EXPECT_THROWS(withEnv({{"SMDDP_ALGO", "tree"}}), kConfig, "SMDDP_ALGO='tree'");
+  EXPECT_THROWS(withEnv({{"SMDDP_CHUNK_BYTES", "12Q"}}), kConfig, "SMDDP_CHUNK_BYTES");
+  EXPECT_THROWS(withEnv({{"SMDDP_CHUNK_BYTES", "1K"}}), kConfig, "out of range");
+  EXPECT_THROWS(withEnv({{"SMDDP_RANKS_PER_NODE", "-1"}}), kConfig, "SMDDP_RANKS_PER_NODE");
+  EXPECT_THROWS(withEnv({{"SMDDP_RANKS_PER_NODE", "two"}}), kConfig, "not an integer");
+  EXPECT_THROWS(withEnv({{"SMDDP_SHM", "maybe"}}), kConfig, "SMDDP_SHM");
+  EXPECT_THROWS(withEnv({{"SMDDP_SHM_SLOT_BYTES", "4100"}}), kConfig, "multiple of 64");
+}
+
+SMDDP_TEST(agreement_string_names_differences) {
+  Config a = withEnv({});
+  Config b = withEnv({{"SMDDP_ALGO", "ring"}, {"SMDDP_SPIN_US", "5"}});
+  std::string diff = Config::describeDifference(a.agreementString(), b.agreementString());
+  EXPECT_TRUE(diff.find("SMDDP_ALGO is 'auto' on one and 'ring' on the other") != std::string::npos);
+  // Spinning is per rank: it may differ.
+  EXPECT_TRUE(diff.find("SMDDP_SPIN_US") == std::string::npos);
+  EXPECT_EQ(Config::describeDifference(a.agreementString(), a.agreementString()), std::string());
+}
+
+SMDDP_TEST(describe_lists_every_knob_once) {
+  auto knobs = describeKnobs();
+  EXPECT_TRUE(knobs.size() >= 10);
+  for (size_t i = 0; i < knobs.size(); ++i) {
+    EXPECT_TRUE(knobs[i].name.rfind("SMDDP_", 0) == 0);
+    EXPECT_TRUE(!knobs[i].help.empty());
+    for (size_t j = i + 1; j < knobs.size(); ++j) {
+      EXPECT_TRUE(knobs[i].name != knobs[j].name);
+    }
+  }
+}

@@ -1,0 +1,292 @@
+// Node-local collectives in forked processes over a real shared-memory
+// arena: every op, both data paths, several sizes (0, 1, odd, past one
+// staging slot), results checked exactly; disagreeing ranks; a dead peer; a
+// timeout; nothing left in /dev/shm.
+#include <dirent.h>
+#include <unistd.h>
+
+#include <cmath>
+#include <cstring>
+#include <thread>
+
+#include "algorithm/node_collectives.h"
+#include "harness.h"
+#include "transport/shm/node_arena.h"
+
+using namespace smddp;
+using algorithm::NodeCollectives;
+using algorithm::OpArgs;
+using transport::NodeArena;
+
+namespace {
+
+constexpr size_t kSlot = 4096;
+
+Config configFor(const char* single_copy) {
+  return Config::fromEnv([&](const char* name) -> const char* {
+    if (std::strcmp(name, "SMDDP_SINGLE_COPY") == 0) {
+      return single_copy;
+    }
+    if (std::strcmp(name, "SMDDP_SHM_SLOT_BYTES") == 0) {
+      return "4096";
+    }
+    return nullptr;
+  });
+}
+
+std::vector<int> iota(int n) {
+  std::vector<int> v(static_cast<size_t>(n));
+  for (int i = 0; i < n; ++i) {
+    v[static_cast<size_t>(i)] = i;
+  }
+  return v;
+}
+
+float value(int rank, size_t i) {
+  return static_cast<float>(rank * 1000 + static_cast<int>(i % 997)) * 0.5f;
+}
+
+int countShmEntries() {
+  int n = 0;
+  DIR* d = ::opendir("/dev/shm");
+  if (d == nullptr) {
+    return 0;
+  }
+  std::string prefix = str("smddp-", ::getuid(), "-");
+  while (auto* e = ::readdir(d)) {
+    if (std::strncmp(e->d_name, prefix.c_str(), prefix.size()) == 0) {
+      ++n;
+    }
+  }
+  ::closedir(d);
+  return n;
+}
+
+void runAllOps(int rank, int L, NodeCollectives& node, uint64_t& seq) {
+  const size_t sizes[] = {0, 1, 7, kSlot / 4 + 3, 3 * kSlot + 5};
+  for (size_t n : sizes) {
+    Deadline dl = Deadline::after(std::chrono::seconds(20));
+    // AllGather
+    {
+      std::vector<float> in(n), out(n * static_cast<size_t>(L), -1.f);
+      for (size_t i = 0; i < n; ++i) {
+        in[i] = value(rank, i);
+      }
+      OpArgs a;
+      a.kind = CollectiveKind::kAllGather;
+      a.reduce.dtype = DataType::kFloat32;
+      a.in = in.data();
+      a.out = out.data();
+      a.count = n;
+      a.seq = seq++;
+      a.deadline = dl;
+      node.allGather(a);
+      for (int r = 0; r < L; ++r) {
+        for (size_t i = 0; i < n; ++i) {
+          if (out[static_cast<size_t>(r) * n + i] != value(r, i)) {
+            ::smddp::test::fail(__FILE__, __LINE__, str("allgather n=", n, " rank ", r, " elem ", i));
+            return;
+          }
+        }
+      }
+    }
+    // ReduceScatter SUM (integers in float: exact)
+    {
+      std::vector<float> in(n * static_cast<size_t>(L)), out(n, -1.f);
+      for (size_t i = 0; i < in.size(); ++i) {
+        in[i] = value(rank, i);
+      }
+      OpArgs a;
+      a.kind = CollectiveKind::kReduceScatter;
+      a.reduce = {DataType::kFloat32, ReduceOp::kSum, 1.0, static_cast<double>(L)};
+      a.in = in.data();
+      a.out = out.data();
+      a.count = n;
+      a.seq = seq++;
+      a.deadline = dl;
+      node.reduceScatter(a);
+      for (size_t i = 0; i < n; ++i) {
+        float want = 0;
+        for (int r = 0; r < L; ++r) {
+          want += value(r, static_cast<size_t>(rank) * n + i);
+        }
+        if (out[i] != want) {
+          ::smddp::test::fail(__FILE__, __LINE__, str("reduce_scatter n=", n, " elem ", i, ": ", out[i], " vs ", want));
+          return;
+        }
+      }
+    }
+    // AllReduce MAX, in place
+    {
+      std::vector<int32_t> t(n);
+      for (size_t i = 0; i < n; ++i) {
+        t[i] = static_cast<int32_t>((rank * 7919 + static_cast<int>(i) * 31) % 1001);
+      }
+      OpArgs a;
+      a.kind = CollectiveKind::kAllReduce;
+      a.reduce = {DataType::kInt32, ReduceOp::kMax};
+      a.in = t.data();
+      a.out = t.data();
+      a.count = n;
+      a.seq = seq++;
+      a.deadline = dl;
+      node.allReduce(a);
+      for (size_t i = 0; i < n; ++i) {
+        int32_t want = 0;
+        for (int r = 0; r < L; ++r) {
+          want = std::max(want, static_cast<int32_t>((r * 7919 + static_cast<int>(i) * 31) % 1001));
+        }
+        if (t[i] != want) {
+          ::smddp::test::fail(__FILE__, __LINE__, str("allreduce n=", n, " elem ", i));
+          return;
+        }
+      }
+    }
+    // Broadcast from the last rank
+    {
+      std::vector<float> t(n);
+      for (size_t i = 0; i < n; ++i) {
+        t[i] = value(rank, i);
+      }
+      OpArgs a;
+      a.kind = CollectiveKind::kBroadcast;
+      a.reduce.dtype = DataType::kFloat32;
+      a.in = t.data();
+      a.out = t.data();
+      a.count = n;
+      a.root = L - 1;
+      a.seq = seq++;
+      a.deadline = dl;
+      node.broadcast(a);
+      for (size_t i = 0; i < n; ++i) {
+        if (t[i] != value(L - 1, i)) {
+          ::smddp::test::fail(__FILE__, __LINE__, str("broadcast n=", n, " elem ", i));
+          return;
+        }
+      }
+    }
+    OpArgs b;
+    b.kind = CollectiveKind::kBarrier;
+    b.seq = seq++;
+    b.deadline = dl;
+    node.barrier(b);
+  }
+}
+
+void collectivesFor(const char* single_copy) {
+  for (int L : {1, 2, 3, 4}) {
+    std::string dir = ::smddp::test::tempDir();
+    ::smddp::test::runRanks(L, [&](int rank) {
+      ::smddp::test::DirStore store(dir);
+      Config cfg = configFor(single_copy);
+      NodeArena::Options o;
+      o.slot_bytes = kSlot;
+      o.timeout = std::chrono::seconds(20);
+      NodeArena arena(store, "arena", rank, iota(L), o);
+      NodeCollectives node(arena, cfg);
+      uint64_t seq = 0;
+      runAllOps(rank, L, node, seq);
+    });
+  }
+}
+
+} // namespace
+
+SMDDP_TEST(staged_paths) {
+  collectivesFor("off");
+}
+
+SMDDP_TEST(single_copy_paths) {
+  collectivesFor("on");
+}
+
+SMDDP_TEST(disagreeing_ranks_fail_on_every_rank) {
+  std::string dir = ::smddp::test::tempDir();
+  ::smddp::test::runRanks(2, [&](int rank) {
+    ::smddp::test::DirStore store(dir);
+    NodeArena::Options o;
+    o.slot_bytes = kSlot;
+    NodeArena arena(store, "arena", rank, iota(2), o);
+    NodeCollectives node(arena, configFor("auto"));
+    std::vector<float> in(8, 1.f), out(16);
+    OpArgs a;
+    a.reduce.dtype = DataType::kFloat32;
+    a.in = in.data();
+    a.out = rank == 0 ? in.data() : out.data();
+    a.count = 8;
+    a.deadline = Deadline::after(std::chrono::seconds(10));
+    a.kind = rank == 0 ? CollectiveKind::kAllReduce : CollectiveKind::kAllGather;
+    EXPECT_THROWS(rank == 0 ? node.allReduce(a) : node.allGather(a), kMismatch, "rank 1: #0 allgather(float32, 8 elements)");
+  });
+}
+
+SMDDP_TEST(dead_peer_is_reported_within_a_second) {
+  std::string dir = ::smddp::test::tempDir();
+  ::smddp::test::runRanks(
+      3,
+      [&](int rank) {
+        ::smddp::test::DirStore store(dir);
+        NodeArena::Options o;
+        o.slot_bytes = kSlot;
+        NodeArena arena(store, "arena", rank, iota(3), o);
+        NodeCollectives node(arena, configFor("auto"));
+        if (rank == 2) {
+          ::_exit(0);  // dies without a word
+        }
+        std::vector<float> t(64, 1.f);
+        OpArgs a;
+        a.kind = CollectiveKind::kAllReduce;
+        a.reduce.dtype = DataType::kFloat32;
+        a.in = t.data();
+        a.out = t.data();
+        a.count = t.size();
+        a.deadline = Deadline::after(std::chrono::seconds(30));
+        auto t0 = std::chrono::steady_clock::now();
+        bool threw = false;
+        try {
+          node.allReduce(a);
+        } catch (const Error& e) {
+          threw = true;
+          EXPECT_TRUE(e.kind() == ErrorKind::kPeerLost || e.kind() == ErrorKind::kAborted);
+          EXPECT_TRUE(std::string(e.what()).find("rank 2") != std::string::npos);
+        }
+        EXPECT_TRUE(threw);
+        auto ms = std::chrono::duration_cast<std::chrono::milliseconds>(std::chrono::steady_clock::now() - t0).count();
+        EXPECT_TRUE(ms < 1000);
+      },
+      std::chrono::seconds(30),
+      [](int rank) { return rank == 2; });
+}
+
+SMDDP_TEST(timeout_names_the_late_rank) {
+  std::string dir = ::smddp::test::tempDir();
+  ::smddp::test::runRanks(2, [&](int rank) {
+    ::smddp::test::DirStore store(dir);
+    NodeArena::Options o;
+    o.slot_bytes = kSlot;
+    NodeArena arena(store, "arena", rank, iota(2), o);
+    NodeCollectives node(arena, configFor("auto"));
+    OpArgs a;
+    a.kind = CollectiveKind::kBarrier;
+    a.deadline = Deadline::after(std::chrono::milliseconds(300));
+    if (rank == 0) {
+      EXPECT_THROWS(node.barrier(a), kTimeout, "rank 1");
+    } else {
+      std::this_thread::sleep_for(std::chrono::milliseconds(1500));
+    }
+  });
+}
+
+SMDDP_TEST(nothing_left_in_dev_shm) {
+  int before = countShmEntries();
+  std::string dir = ::smddp::test::tempDir();
+  ::smddp::test::runRanks(2, [&](int rank) {
+    ::smddp::test::DirStore store(dir);
+    NodeArena::Options o;
+    o.slot_bytes = kSlot;
+    NodeArena arena(store, "arena", rank, iota(2), o);
+    // While the arena is in use, its name is already gone.
+    EXPECT_EQ(countShmEntries(), 0);
+  });
+  EXPECT_EQ(countShmEntries(), before);
+}

@@ -1,0 +1,60 @@
+// rank -> (node, local rank), node-local groups and rails for the emulated
+// shapes, and non-uniform topologies.
+#include "harness.h"
+#include "topology/topology.h"
+
+using namespace smddp;
+using topology::Topology;
+
+namespace {
+
+Topology emulate(int rank, int nodes, int per_node) {
+  std::vector<std::string> keys;
+  for (int r = 0; r < nodes * per_node; ++r) {
+    keys.push_back(topology::nodeKey("host", r, per_node));
+  }
+  return Topology(rank, keys);
+}
+
+} // namespace
+
+SMDDP_TEST(emulated_shapes) {
+  for (auto [nodes, per] : std::vector<std::pair<int, int>>{{1, 2}, {2, 1}, {2, 2}, {2, 3}, {3, 2}, {4, 1}, {1, 4}, {2, 4}}) {
+    for (int rank = 0; rank < nodes * per; ++rank) {
+      Topology t = emulate(rank, nodes, per);
+      EXPECT_EQ(t.numNodes(), nodes);
+      EXPECT_EQ(t.localSize(), per);
+      EXPECT_TRUE(t.uniform());
+      EXPECT_EQ(t.myNode(), rank / per);
+      EXPECT_EQ(t.myLocalRank(), rank % per);
+      auto rail = t.railRanks(t.myLocalRank());
+      EXPECT_EQ(static_cast<int>(rail.size()), nodes);
+      for (int n = 0; n < nodes; ++n) {
+        EXPECT_EQ(rail[n], n * per + rank % per);
+      }
+    }
+  }
+}
+
+SMDDP_TEST(interleaved_hosts) {
+  // Ranks alternate between two hosts: nodes are {0,2} and {1,3}.
+  Topology t(3, {"a", "b", "a", "b"});
+  EXPECT_EQ(t.numNodes(), 2);
+  EXPECT_EQ(t.myNode(), 1);
+  EXPECT_EQ(t.myLocalRank(), 1);
+  EXPECT_EQ(t.nodeRanks(0)[1], 2);
+  EXPECT_EQ(t.railRanks(0)[1], 1);
+}
+
+SMDDP_TEST(non_uniform) {
+  Topology t(0, {"a", "a", "a", "b"});
+  EXPECT_TRUE(!t.uniform());
+  EXPECT_EQ(t.numNodes(), 2);
+  EXPECT_TRUE(t.describe().find("non-uniform") != std::string::npos);
+}
+
+SMDDP_TEST(node_key_emulation) {
+  EXPECT_EQ(topology::nodeKey("h", 5, 0), std::string("h"));
+  EXPECT_EQ(topology::nodeKey("h", 5, 2), std::string("h#2"));
+  EXPECT_TRUE(!topology::hostIdentity().empty());
+}
