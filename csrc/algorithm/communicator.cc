@@ -1,38 +1,27 @@
 #include "algorithm/communicator.h"
 
+#include "algorithm/hierarchical.h"
 #include "algorithm/node_collectives.h"
+#include "algorithm/ring_communicator.h"
 #include "common/error.h"
 #include "common/log.h"
 #include "transport/shm/node_arena.h"
 
 namespace smddp::algorithm {
 
-namespace {
-
-transport::WaitPolicy waitPolicy(const Config& config) {
+transport::WaitPolicy waitPolicyOf(const Config& config) {
   transport::WaitPolicy p;
   p.spin_us = config.spin_us;
   return p;
 }
 
+namespace {
+
 // One node: the flat schedules over the node's shared memory.
 class NodeCommunicator : public Communicator {
  public:
-  NodeCommunicator(
-      Store& store,
-      const topology::Topology& topo,
-      const Config& config,
-      std::chrono::milliseconds timeout)
-      : topo_(topo) {
-    transport::NodeArena::Options o;
-    o.slot_bytes = config.shm_slot_bytes;
-    o.wait = waitPolicy(config);
-    o.timeout = timeout;
-    arena_ = std::make_unique<transport::NodeArena>(
-        store, str("smddp/arena/", topo.myNode()), topo.myLocalRank(),
-        topo.nodeRanks(topo.myNode()), o);
-    node_ = std::make_unique<NodeCollectives>(*arena_, config);
-  }
+  NodeCommunicator(const topology::Topology& topo, const Config& config, std::unique_ptr<transport::NodeArena> arena)
+      : topo_(topo), arena_(std::move(arena)), node_(std::make_unique<NodeCollectives>(*arena_, config)) {}
 
   void allGather(const OpArgs& args) override {
     node_->allGather(args);
@@ -54,10 +43,11 @@ class NodeCommunicator : public Communicator {
   void abort(const std::string& why) override {
     arena_->abort(why);
   }
+  void interrupt(const std::string& why) override {
+    arena_->abort(why);
+  }
   std::string describe() const override {
-    return str(
-        "shm", arena_->singleCopyAvailable() ? "+single-copy" : "", ", ",
-        topo_.describe());
+    return str("shm", arena_->singleCopyAvailable() ? "+single-copy" : "", ", ", topo_.describe());
   }
 
  private:
@@ -66,17 +56,65 @@ class NodeCommunicator : public Communicator {
   std::unique_ptr<NodeCollectives> node_;
 };
 
+std::unique_ptr<transport::NodeArena> makeArena(
+    Store& store,
+    const topology::Topology& topo,
+    const Config& config,
+    std::chrono::milliseconds timeout) {
+  transport::NodeArena::Options o;
+  o.slot_bytes = config.shm_slot_bytes;
+  o.wait = waitPolicyOf(config);
+  o.timeout = timeout;
+  return std::make_unique<transport::NodeArena>(
+      store, str("smddp/arena/", topo.myNode()), topo.myLocalRank(), topo.nodeRanks(topo.myNode()), o);
+}
+
 } // namespace
 
 std::unique_ptr<Communicator> createCommunicator(
     Store& store,
     const topology::Topology& topology,
     const Config& config,
+    const NetOptions& net,
     std::chrono::milliseconds timeout) {
-  if (topology.numNodes() == 1 && config.shm) {
-    return std::make_unique<NodeCommunicator>(store, topology, config, timeout);
+  NetOptions n = net;
+  n.timeout = timeout;
+  const bool multi_node = topology.numNodes() > 1;
+  if (!config.shm) {
+    return std::make_unique<RingCommunicator>(store, topology, config, n, nullptr, "SMDDP_SHM=0");
   }
-  return nullptr;
+  auto arena = makeArena(store, topology, config, timeout);
+  if (!multi_node) {
+    return std::make_unique<NodeCommunicator>(topology, config, std::move(arena));
+  }
+  std::string why;
+  if (config.algo == Algo::kRing) {
+    why = "SMDDP_ALGO=ring";
+  } else if (!topology.uniform()) {
+    why = str("the topology is not uniform (", topology.describe(), ")");
+  }
+  // Every rank must choose the same schedule: hierarchical needs single-copy
+  // reads on every node.
+  if (why.empty()) {
+    auto all = storeAllGather(
+        store, "smddp/hier-ok", topology.rank(), topology.size(),
+        {static_cast<uint8_t>(arena->singleCopyAvailable() ? 1 : 0)});
+    for (int r = 0; r < topology.size() && why.empty(); ++r) {
+      if (all[static_cast<size_t>(r)].empty() || all[static_cast<size_t>(r)][0] != 1) {
+        why = str("single-copy reads are unavailable on the node of rank ", r,
+                  " (cross-memory attach refused; is ptrace restricted?)");
+      }
+    }
+  }
+  if (!why.empty()) {
+    if (config.algo == Algo::kHierarchical && topology.rank() == 0) {
+      SMDDP_LOG(kWarn, "SMDDP_ALGO=hierarchical cannot be honoured: ", why, "; using the flat ring");
+    } else if (topology.rank() == 0 && config.algo != Algo::kRing) {
+      SMDDP_LOG(kWarn, "using the flat ring: ", why);
+    }
+    return std::make_unique<RingCommunicator>(store, topology, config, n, std::move(arena), why);
+  }
+  return std::make_unique<HierarchicalCommunicator>(store, topology, config, n, std::move(arena));
 }
 
 } // namespace smddp::algorithm

@@ -23,8 +23,16 @@
 #include "common/config.h"
 #include "common/store.h"
 #include "topology/topology.h"
+#include "transport/shm/futex.h"
 
 namespace smddp::algorithm {
+
+// Where the inter-node sockets listen: SMDDP_SOCKET_IFNAME, else the
+// address that routes to the store's host.
+struct NetOptions {
+  std::string store_host;
+  std::chrono::milliseconds timeout{30000};  // bounds the set-up
+};
 
 class Communicator {
  public:
@@ -35,17 +43,26 @@ class Communicator {
   // args.root is a group rank.
   virtual void broadcast(const OpArgs& args) = 0;
   virtual void barrier(const OpArgs& args) = 0;
+  // After a failure, from the thread that ran the failed call: tell every
+  // peer why (they fail promptly instead of at their timeout).
   virtual void abort(const std::string& why) = 0;
+  // From any thread, also while a call runs: make it fail now.
+  virtual void interrupt(const std::string& why) = 0;
   // "shm, 1 node x 4 ranks", for logs and Python.
   virtual std::string describe() const = 0;
 };
 
-// Collective over the group: builds the transports the schedule needs.
-// `group_ranks` are the group ranks (0..size-1); `timeout` bounds set-up.
+// Collective over the group: builds the transports the schedule needs;
+// `timeout` bounds set-up. Every rank reaches the same choice.
 std::unique_ptr<Communicator> createCommunicator(
     Store& store,
     const topology::Topology& topology,
     const Config& config,
+    const NetOptions& net,
     std::chrono::milliseconds timeout);
+
+// The wait policy and the way a channel driver checks for aborts, shared by
+// the communicators.
+transport::WaitPolicy waitPolicyOf(const Config& config);
 
 } // namespace smddp::algorithm

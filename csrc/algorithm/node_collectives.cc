@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cstring>
 
+#include "algorithm/ring.h"
 #include "common/error.h"
 
 namespace smddp::algorithm {
@@ -30,19 +31,6 @@ std::string describeOp(
 }
 
 namespace {
-
-// Splits `count` elements into `parts` contiguous slices, the first
-// count % parts one element longer.
-struct Slices {
-  size_t count;
-  size_t parts;
-  size_t begin(size_t i) const {
-    return i * (count / parts) + std::min(i, count % parts);
-  }
-  size_t size(size_t i) const {
-    return count / parts + (i < count % parts ? 1 : 0);
-  }
-};
 
 size_t ceilDiv(size_t a, size_t b) {
   return (a + b - 1) / b;

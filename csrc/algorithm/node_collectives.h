@@ -68,23 +68,19 @@ class NodeCollectives {
   // Whether a call moving `bytes_per_rank` takes the single-copy path.
   bool useSingleCopy(size_t bytes_per_rank) const;
 
- private:
+ // The building blocks, public for the hierarchical schedules that run a
+  // node stage of their own.
   enum Path : uint8_t { kStaged = 0, kSingleCopy = 1 };
 
-  // Publishes this rank's descriptor, posts a round, waits for every peer's
-  // and checks they agree.
+  // Writes this rank's descriptor of `args` (addresses included) for peers.
   void openCall(const OpArgs& args, Path path);
+  // Throws kMismatch on every rank if any peer's descriptor differs.
   void verifyDescs(const OpArgs& args);
+  // Posts a round and waits for every peer to post it.
   void round(const Deadline& deadline);
-
-  void allGatherStaged(const OpArgs& args);
-  void allGatherSingleCopy(const OpArgs& args);
-  void reduceScatterStaged(const OpArgs& args);
-  void reduceScatterSingleCopy(const OpArgs& args);
-  void allReduceStaged(const OpArgs& args);
-  void allReduceSingleCopy(const OpArgs& args);
-  // Reduces elements [begin, begin+n) of every rank's buffer at `offset`
-  // bytes (its input) into dst, reading peers through single-copy.
+  // Reduces `n` elements at byte `offset_bytes` of every rank's input (peers
+  // read through single-copy from the address in their descriptor) into
+  // dst, in local rank order.
   void reduceFromPeers(
       const OpArgs& args,
       const uint8_t* my_in,
@@ -93,6 +89,14 @@ class NodeCollectives {
       void* dst,
       bool raw,
       bool finalize);
+
+ private:
+  void allGatherStaged(const OpArgs& args);
+  void allGatherSingleCopy(const OpArgs& args);
+  void reduceScatterStaged(const OpArgs& args);
+  void reduceScatterSingleCopy(const OpArgs& args);
+  void allReduceStaged(const OpArgs& args);
+  void allReduceSingleCopy(const OpArgs& args);
 
   uint8_t* scratch(size_t bytes);
 

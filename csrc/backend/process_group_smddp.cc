@@ -2,6 +2,7 @@
 
 #include <c10/util/Exception.h>
 #include <torch/csrc/distributed/c10d/PrefixStore.hpp>
+#include <torch/csrc/distributed/c10d/TCPStore.hpp>
 
 #include "backend/fallback_factory.h"
 #include "backend/store_adapter.h"
@@ -110,6 +111,27 @@ MoveType moveType(const at::Tensor& t) {
 
 // ------------------------------------------------------------ construction
 
+namespace {
+
+// The host of the TCPStore under any prefixes: the inter-node sockets listen
+// on the address that routes there (unless SMDDP_SOCKET_IFNAME says).
+std::string storeHost(const c10::intrusive_ptr<::c10d::Store>& store) {
+  c10::intrusive_ptr<::c10d::Store> s = store;
+  for (int depth = 0; depth < 16 && s; ++depth) {
+    if (auto* tcp = dynamic_cast<::c10d::TCPStore*>(s.get())) {
+      return tcp->getHost();
+    }
+    auto* prefix = dynamic_cast<::c10d::PrefixStore*>(s.get());
+    if (prefix == nullptr) {
+      break;
+    }
+    s = prefix->getUnderlyingStore();
+  }
+  return "";
+}
+
+} // namespace
+
 ProcessGroupSMDDP::ProcessGroupSMDDP(
     const Ptr<::c10d::Store>& store,
     int rank,
@@ -161,7 +183,9 @@ ProcessGroupSMDDP::ProcessGroupSMDDP(
       node_keys.push_back(toString(k));
     }
     topology_ = std::make_unique<topology::Topology>(rank, node_keys);
-    communicator_ = algorithm::createCommunicator(st, *topology_, config_, timeout);
+    algorithm::NetOptions net;
+    net.store_host = storeHost(store);
+    communicator_ = algorithm::createCommunicator(st, *topology_, config_, net, timeout);
   } catch (const Error& e) {
     TORCH_CHECK_WITH(
         DistBackendError,
@@ -966,7 +990,7 @@ void ProcessGroupSMDDP::monitoredBarrier(const ::c10d::BarrierOptions& opts, boo
 
 void ProcessGroupSMDDP::abort() {
   if (communicator_) {
-    communicator_->abort(str("rank ", rank_, " aborted the group"));
+    communicator_->interrupt(str("rank ", rank_, " aborted the group"));
   }
   shutdown();
   std::lock_guard<std::mutex> lock(mu_);

@@ -21,7 +21,7 @@ namespace smddp::transport {
 namespace {
 
 constexpr uint64_t kMagic = 0x736d646470617231ull; // "smddpar1"
-constexpr uint32_t kVersion = 1;
+constexpr uint32_t kVersion = 2;
 
 size_t alignUp(size_t x, size_t a) {
   return (x + a - 1) / a * a;
@@ -31,8 +31,14 @@ size_t controlsOffset() {
   return alignUp(sizeof(ArenaHeader), 4096);
 }
 
+size_t pairsOffset(int local_size) {
+  return alignUp(controlsOffset() + sizeof(RankControl) * static_cast<size_t>(local_size), 64);
+}
+
 size_t slotsOffset(int local_size) {
-  return alignUp(controlsOffset() + sizeof(RankControl) * static_cast<size_t>(local_size), 4096);
+  return alignUp(
+      pairsOffset(local_size) + sizeof(PairLine) * static_cast<size_t>(local_size) * static_cast<size_t>(local_size),
+      4096);
 }
 
 size_t totalBytes(int local_size, size_t slot_bytes) {
@@ -69,6 +75,11 @@ NodeArena::NodeArena(
     for (int l = 0; l < local_size_; ++l) {
       new (&controls[l]) RankControl();
     }
+    auto* pairs = reinterpret_cast<PairLine*>(
+        static_cast<uint8_t*>(segment_->data()) + pairsOffset(local_size_));
+    for (int i = 0; i < local_size_ * local_size_; ++i) {
+      new (&pairs[i]) PairLine();
+    }
     store.set(key, toBytes(segment_->name()));
   } else {
     std::string name = toString(store.get(key));
@@ -95,6 +106,7 @@ NodeArena::NodeArena(
   }
   controls_ = reinterpret_cast<RankControl*>(
       static_cast<uint8_t*>(segment_->data()) + controlsOffset());
+  pairs_ = reinterpret_cast<PairLine*>(static_cast<uint8_t*>(segment_->data()) + pairsOffset(local_size_));
   slots_ = static_cast<uint8_t*>(segment_->data()) + slotsOffset(local_size_);
   initControl();
   waitAttached(deadline);
@@ -226,11 +238,12 @@ void NodeArena::waitPhase(int l, uint32_t target, const Deadline& deadline) {
       },
       options_.wait,
       deadline,
-      [&] { check(); },
+      [&] {
+        checkAborted();
+        checkAlive(l);
+      },
       [&] { return describePeer(l); });
-  if (header_->aborted.load(std::memory_order_acquire) != 0) {
-    check();
-  }
+  checkAborted();
 }
 
 void NodeArena::waitAllPhase(uint32_t target, const Deadline& deadline) {
@@ -251,11 +264,12 @@ void NodeArena::waitProgress(int l, uint32_t target, const Deadline& deadline) {
       },
       options_.wait,
       deadline,
-      [&] { check(); },
+      [&] {
+        checkAborted();
+        checkAlive(l);
+      },
       [&] { return describePeer(l); });
-  if (header_->aborted.load(std::memory_order_acquire) != 0) {
-    check();
-  }
+  checkAborted();
 }
 
 void NodeArena::readFrom(int l, void* dst, uint64_t src, size_t bytes) {
@@ -269,7 +283,8 @@ void NodeArena::readFrom(int l, void* dst, uint64_t src, size_t bytes) {
         continue;
       }
       int err = errno;
-      check();
+      checkAborted();
+      checkAlive(l);
       SMDDP_THROW(
           kComm,
           "single-copy read of ",
@@ -280,7 +295,7 @@ void NodeArena::readFrom(int l, void* dst, uint64_t src, size_t bytes) {
           errnoString(err));
     }
     if (n == 0) {
-      check();
+      checkAlive(l);
       SMDDP_THROW(kComm, "single-copy read from ", describePeer(l), " returned no data");
     }
     d += n;
@@ -300,10 +315,11 @@ void NodeArena::abort(const std::string& msg) {
   }
   for (int l = 0; l < local_size_; ++l) {
     controls_[l].bell.ring();
+    controls_[l].inbox.ring();
   }
 }
 
-void NodeArena::check() {
+void NodeArena::checkAborted() {
   uint32_t a = header_->aborted.load(std::memory_order_acquire);
   if (a != 0) {
     // 1: another rank is writing its message right now.
@@ -313,22 +329,23 @@ void NodeArena::check() {
     }
     SMDDP_THROW(kAborted, header_->abort_msg);
   }
-  for (int l = 0; l < local_size_; ++l) {
-    if (l == local_rank_) {
-      continue;
-    }
-    bool dead = false;
-    if (pidfds_[l] >= 0) {
-      struct pollfd p = {pidfds_[l], POLLIN, 0};
-      dead = ::poll(&p, 1, 0) > 0 && (p.revents & POLLIN);
-    } else {
-      dead = ::kill(pids_[l], 0) != 0 && errno == ESRCH;
-    }
-    if (dead) {
-      std::string msg = str(describePeer(l), " exited");
-      abort(msg);
-      SMDDP_THROW(kPeerLost, msg);
-    }
+}
+
+void NodeArena::checkAlive(int l) {
+  if (l == local_rank_) {
+    return;
+  }
+  bool dead = false;
+  if (pidfds_[l] >= 0) {
+    struct pollfd p = {pidfds_[l], POLLIN, 0};
+    dead = ::poll(&p, 1, 0) > 0 && (p.revents & POLLIN);
+  } else {
+    dead = ::kill(pids_[l], 0) != 0 && errno == ESRCH;
+  }
+  if (dead) {
+    std::string msg = str(describePeer(l), " exited");
+    abort(msg);
+    SMDDP_THROW(kPeerLost, msg);
   }
 }
 

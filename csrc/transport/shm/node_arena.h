@@ -7,7 +7,9 @@
 //                                       phase    sync rounds posted
 //                                       progress pipelined chunks posted
 //                                       bell     rung on every post
+//                                       inbox    rung by posts meant for it
 //                                       desc[2]  the op it is in (by parity)
+//   PairLine[local_size][local_size]  point-to-point channel counters
 //   slots[local_size][2][slot_bytes]  per rank, two staging buffers
 //
 // Ownership: each rank writes only its own RankControl and its own slots;
@@ -64,9 +66,21 @@ struct alignas(64) RankControl {
   uint64_t cookie_addr = 0;
   uint32_t single_copy_ok = 0;
   char pad0[20];
+  // Rung by the owner on every post (peers waiting for one rank sleep here).
   Doorbell bell;
-  char pad1[56];
+  // Rung by whoever posts something for this rank (point-to-point channels:
+  // a rank waiting on several peers sleeps on its own inbox).
+  Doorbell inbox;
+  char pad1[48];
   OpDesc desc[2];
+};
+
+// Counters of the point-to-point channel from one local rank to another,
+// written only by the first: pieces sent to the other, pieces acknowledged
+// from the other.
+struct alignas(64) PairLine {
+  std::atomic<uint32_t> sent{0};
+  std::atomic<uint32_t> acked{0};
 };
 
 struct ArenaHeader {
@@ -134,6 +148,9 @@ class NodeArena {
   uint8_t* slot(int l, uint32_t parity) const {
     return slots_ + (static_cast<size_t>(l) * 2 + (parity & 1)) * slot_bytes_;
   }
+  PairLine& pair(int from, int to) const {
+    return pairs_[static_cast<size_t>(from) * static_cast<size_t>(local_size_) + static_cast<size_t>(to)];
+  }
 
   // Sync rounds: post() publishes the next phase; peers wait for it.
   uint32_t phase() const {
@@ -155,8 +172,12 @@ class NodeArena {
 
   // Marks the arena failed: every local rank's next wait throws `msg`.
   void abort(const std::string& msg);
-  // Throws if the arena was aborted or a local peer died.
-  void check();
+  // Throws if the arena was aborted.
+  void checkAborted();
+  // Throws kPeerLost (and aborts the arena) if local rank l has exited.
+  // Only a peer this rank still needs something from may be checked: a peer
+  // that finished its last call and exited is not a failure.
+  void checkAlive(int l);
 
  private:
   void initControl();
@@ -172,6 +193,7 @@ class NodeArena {
   std::unique_ptr<SharedSegment> segment_;
   ArenaHeader* header_ = nullptr;
   RankControl* controls_ = nullptr;
+  PairLine* pairs_ = nullptr;
   uint8_t* slots_ = nullptr;
   std::vector<int> pidfds_;
   std::vector<int> pids_;

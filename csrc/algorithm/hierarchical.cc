@@ -1,0 +1,471 @@
+#include "algorithm/hierarchical.h"
+
+#include <sys/eventfd.h>
+#include <unistd.h>
+
+#include "common/error.h"
+#include "common/log.h"
+
+namespace smddp::algorithm {
+
+namespace {
+
+int mod(int a, int n) {
+  return ((a % n) + n) % n;
+}
+
+size_t chunkLen(size_t block, size_t chunk, size_t c) {
+  const size_t off = c * chunk;
+  return off >= block ? 0 : std::min(chunk, block - off);
+}
+
+} // namespace
+
+// ------------------------------------------------------------ StageThread
+
+StageThread::StageThread() {
+  thread_ = std::thread([this] { loop(); });
+}
+
+StageThread::~StageThread() {
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    stop_ = true;
+  }
+  cv_.notify_all();
+  thread_.join();
+}
+
+void StageThread::start(std::function<void()> job) {
+  std::lock_guard<std::mutex> lock(mu_);
+  SMDDP_ASSERT(!has_job_ && !busy_, "stage thread already busy");
+  job_ = std::move(job);
+  has_job_ = true;
+  busy_ = true;
+  error_ = nullptr;
+  cv_.notify_all();
+}
+
+std::exception_ptr StageThread::join() {
+  std::unique_lock<std::mutex> lock(mu_);
+  cv_.wait(lock, [&] { return !busy_; });
+  return error_;
+}
+
+void StageThread::loop() {
+  while (true) {
+    std::function<void()> job;
+    {
+      std::unique_lock<std::mutex> lock(mu_);
+      cv_.wait(lock, [&] { return stop_ || has_job_; });
+      if (stop_ && !has_job_) {
+        return;
+      }
+      job = std::move(job_);
+      has_job_ = false;
+    }
+    std::exception_ptr err;
+    try {
+      job();
+    } catch (...) {
+      err = std::current_exception();
+    }
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      error_ = err;
+      busy_ = false;
+    }
+    cv_.notify_all();
+  }
+}
+
+// ------------------------------------------------------------ set-up
+
+HierarchicalCommunicator::HierarchicalCommunicator(
+    Store& store,
+    const topology::Topology& topology,
+    const Config& config,
+    const NetOptions& net,
+    std::unique_ptr<transport::NodeArena> arena)
+    : topo_(topology), config_(config), arena_(std::move(arena)) {
+  SMDDP_ASSERT(topo_.uniform(), "hierarchical schedules need a uniform topology");
+  node_ = std::make_unique<NodeCollectives>(*arena_, config_);
+  rail_ = topo_.railRanks(topo_.myLocalRank());
+  const int N = topo_.numNodes();
+  const int n = topo_.myNode();
+  std::vector<int> peers;
+  if (N > 1) {
+    peers.push_back(rail_[mod(n + 1, N)]);
+    if (N > 2) {
+      peers.push_back(rail_[mod(n - 1, N)]);
+    }
+  }
+  transport::SocketMesh::Options so;
+  so.interface = config_.socket_ifname;
+  so.peer_hint = net.store_host;
+  so.streams = config_.socket_streams;
+  so.timeout = net.timeout;
+  mesh_ = std::make_unique<transport::SocketMesh>(store, "smddp/rail", topo_.rank(), peers, so);
+  if (N > 1) {
+    rail_next_ = &mesh_->channel(rail_[mod(n + 1, N)]);
+    rail_prev_ = &mesh_->channel(rail_[mod(n - 1, N)]);
+  }
+  wake_fd_ = ::eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
+  SMDDP_SYSCHECK(wake_fd_, "eventfd");
+}
+
+HierarchicalCommunicator::~HierarchicalCommunicator() {
+  if (wake_fd_ >= 0) {
+    ::close(wake_fd_);
+  }
+}
+
+std::string HierarchicalCommunicator::describe() const {
+  return str("hierarchical (shm+single-copy in nodes, tcp rails), ", topo_.describe());
+}
+
+Ring HierarchicalCommunicator::railRing(const OpArgs& args, bool with_wake) {
+  Ring ring;
+  ring.index = topo_.myNode();
+  ring.size = topo_.numNodes();
+  ring.next = rail_next_;
+  ring.prev = rail_prev_;
+  ring.chunk_bytes = config_.chunk_bytes;
+  ring.drive.policy = waitPolicyOf(config_);
+  ring.drive.wake_fd = with_wake ? wake_fd_ : -1;
+  ring.drive.check = [this] {
+    if (cancel_.load()) {
+      SMDDP_THROW(kAborted, "the node stage of this collective failed");
+    }
+    arena_->checkAborted();
+  };
+  const uint64_t seq = args.seq;
+  ring.drive.what = [this, seq] {
+    return str(
+        "rail peers (rank ", rail_next_->peer(), ", rank ", rail_prev_->peer(), ", other nodes) in collective #",
+        seq);
+  };
+  return ring;
+}
+
+void HierarchicalCommunicator::wakeRail() {
+  uint64_t one = 1;
+  [[maybe_unused]] ssize_t w = ::write(wake_fd_, &one, sizeof(one));
+}
+
+void HierarchicalCommunicator::runStages(
+    const std::function<void()>& rail_stage,
+    const std::function<void()>& node_stage) {
+  cancel_.store(false);
+  stage_.start([this, &rail_stage] {
+    try {
+      rail_stage();
+    } catch (const std::exception& e) {
+      // The node peers may be waiting for this rank's rail data: release
+      // them now rather than at their timeout.
+      if (!cancel_.load()) {
+        arena_->abort(e.what());
+      }
+      throw;
+    }
+  });
+  std::exception_ptr node_error;
+  try {
+    node_stage();
+  } catch (...) {
+    node_error = std::current_exception();
+    cancel_.store(true);
+    wakeRail();
+  }
+  std::exception_ptr rail_error = stage_.join();
+  if (rail_error && !node_error) {
+    std::rethrow_exception(rail_error);
+  }
+  if (node_error) {
+    // A node stage that failed because the rail did says more by the rail's.
+    if (rail_error) {
+      try {
+        std::rethrow_exception(rail_error);
+      } catch (const Error& e) {
+        if (e.kind() != ErrorKind::kAborted) {
+          std::rethrow_exception(rail_error);
+        }
+      } catch (...) {
+      }
+    }
+    std::rethrow_exception(node_error);
+  }
+}
+
+// ------------------------------------------------------------ AllGather
+
+void HierarchicalCommunicator::allGather(const OpArgs& args) {
+  const int N = topo_.numNodes();
+  if (N == 1) {
+    node_->allGather(args);
+    return;
+  }
+  if (topo_.localSize() == 1) {
+    const size_t b = args.count * args.elemSize();
+    auto* out = static_cast<uint8_t*>(args.out);
+    copyBytes(out + static_cast<size_t>(topo_.rank()) * b, args.in, b);
+    std::vector<size_t> offsets;
+    for (int g : rail_) {
+      offsets.push_back(static_cast<size_t>(g) * b);
+    }
+    ringAllGather(
+        railRing(args, false), out, offsets, std::vector<size_t>(static_cast<size_t>(N), b),
+        {args.seq, callDigest(args)}, args.deadline);
+    return;
+  }
+  allGatherPipelined(args);
+}
+
+void HierarchicalCommunicator::allGatherPipelined(const OpArgs& args) {
+  const int N = topo_.numNodes();
+  const int L = topo_.localSize();
+  const int n = topo_.myNode();
+  const int l = topo_.myLocalRank();
+  const size_t b = args.count * args.elemSize();
+  const size_t chunk = config_.chunk_bytes;
+  const size_t C = ringChunks(b, chunk);
+  auto* out = static_cast<uint8_t*>(args.out);
+  const auto* in = static_cast<const uint8_t*>(args.in);
+
+  // Round A: descriptors (output address, progress base), checked.
+  transport::OpDesc& mine = arena_->myDesc(args.seq);
+  node_->openCall(args, NodeCollectives::kSingleCopy);
+  mine.aux = arena_->progress();
+  node_->round(args.deadline);
+  node_->verifyDescs(args);
+
+  std::vector<size_t> offsets;
+  for (int g : rail_) {
+    offsets.push_back(static_cast<size_t>(g) * b);
+  }
+  const uint32_t base = static_cast<uint32_t>(mine.aux);
+  const transport::MessageTag tag{args.seq, callDigest(args)};
+
+  // Units, in the order every rank announces them: its own block's chunks,
+  // then the rail's chunks as they land (step-major).
+  auto rail_stage = [&] {
+    uint8_t* my_block = out + static_cast<size_t>(topo_.rank()) * b;
+    for (size_t c = 0; c < C; ++c) {
+      const size_t len = chunkLen(b, chunk, c);
+      if (my_block != in) {
+        copyBytes(my_block + c * chunk, in + c * chunk, len);
+      }
+      arena_->postProgress(base + static_cast<uint32_t>(c) + 1);
+    }
+    ringAllGather(
+        railRing(args, true), out, offsets, std::vector<size_t>(static_cast<size_t>(N), b), tag, args.deadline,
+        [&](uint64_t u) { arena_->postProgress(base + static_cast<uint32_t>(C + u) + 1); });
+  };
+
+  auto node_stage = [&] {
+    const uint64_t units = static_cast<uint64_t>(N) * C;
+    for (uint64_t u = 0; u < units; ++u) {
+      int member = n;
+      size_t c = u;
+      if (u >= C) {
+        const uint64_t v = u - C;
+        member = mod(n - static_cast<int>(v / C) - 1, N);
+        c = v % C;
+      }
+      const size_t len = chunkLen(b, chunk, c);
+      for (int k = 1; k < L; ++k) {
+        const int peer = (l + k) % L;
+        const transport::OpDesc& d = arena_->peerDesc(peer, args.seq);
+        arena_->waitProgress(peer, static_cast<uint32_t>(d.aux) + static_cast<uint32_t>(u) + 1, args.deadline);
+        const size_t off = static_cast<size_t>(topo_.nodeRanks(member)[peer]) * b + c * chunk;
+        arena_->readFrom(peer, out + off, d.out_addr + off, len);
+      }
+    }
+  };
+
+  runStages(rail_stage, node_stage);
+  // Nobody returns while a peer may still read its output.
+  node_->round(args.deadline);
+}
+
+// ------------------------------------------------------------ ReduceScatter
+
+void HierarchicalCommunicator::reduceScatter(const OpArgs& args) {
+  const int N = topo_.numNodes();
+  if (N == 1) {
+    node_->reduceScatter(args);
+    return;
+  }
+  if (topo_.localSize() == 1) {
+    const size_t b = args.count * args.elemSize();
+    Contributions contrib;
+    contrib.base = static_cast<const uint8_t*>(args.in);
+    for (int g : rail_) {
+      contrib.offsets.push_back(static_cast<size_t>(g) * b);
+    }
+    ringReduceScatter(
+        railRing(args, false), args.reduce, contrib, args.out, std::vector<size_t>(static_cast<size_t>(N), args.count),
+        true, true, {args.seq, callDigest(args)}, args.deadline, &ring_scratch_);
+    return;
+  }
+  reduceScatterPipelined(args);
+}
+
+void HierarchicalCommunicator::reduceScatterPipelined(const OpArgs& args) {
+  const int N = topo_.numNodes();
+  const int n = topo_.myNode();
+  const size_t es = args.elemSize();
+  const size_t b = args.count * es;
+  const size_t chunk_elems = std::max<size_t>(1, config_.chunk_bytes / es);
+  const size_t chunk = chunk_elems * es;
+  const size_t C = ringChunks(b, chunk);
+  const auto* in = static_cast<const uint8_t*>(args.in);
+
+  node_->openCall(args, NodeCollectives::kSingleCopy);
+  node_->round(args.deadline);
+  node_->verifyDescs(args);
+
+  if (partials_.size() < static_cast<size_t>(N) * b) {
+    partials_.resize(static_cast<size_t>(N) * b);
+  }
+  partials_ready_.store(0);
+  // The rail consumes the partial of block n-1 first, then n-2, ..., then n.
+  auto order = [&](int member) { return static_cast<uint64_t>(mod(n - 1 - member, N)); };
+  Contributions contrib;
+  contrib.base = partials_.data();
+  for (int m = 0; m < N; ++m) {
+    contrib.offsets.push_back(static_cast<size_t>(m) * b);
+  }
+  contrib.ready = [&](int member, size_t c) {
+    return partials_ready_.load(std::memory_order_acquire) >= order(member) * C + c + 1;
+  };
+  const transport::MessageTag tag{args.seq, callDigest(args)};
+
+  auto rail_stage = [&] {
+    ringReduceScatter(
+        railRing(args, true), args.reduce, contrib, args.out, std::vector<size_t>(static_cast<size_t>(N), args.count),
+        false, true, tag, args.deadline, &ring_scratch_);
+  };
+  auto node_stage = [&] {
+    for (int j = 0; j < N; ++j) {
+      const int member = mod(n - 1 - j, N);
+      const size_t block = static_cast<size_t>(rail_[member]) * b;
+      for (size_t c = 0; c < C; ++c) {
+        const size_t len = chunkLen(b, chunk, c);
+        node_->reduceFromPeers(
+            args, in, block + c * chunk, len / es, partials_.data() + static_cast<size_t>(member) * b + c * chunk,
+            true, false);
+        partials_ready_.store(static_cast<uint64_t>(j) * C + c + 1, std::memory_order_release);
+        wakeRail();
+      }
+    }
+  };
+  runStages(rail_stage, node_stage);
+  node_->round(args.deadline);
+}
+
+// ------------------------------------------------------------ AllReduce
+
+void HierarchicalCommunicator::allReduce(const OpArgs& args) {
+  const int N = topo_.numNodes();
+  const int L = topo_.localSize();
+  if (N == 1) {
+    node_->allReduce(args);
+    return;
+  }
+  const transport::MessageTag tag{args.seq, callDigest(args)};
+  if (L == 1) {
+    ringAllReduce(
+        railRing(args, false), args.reduce, args.in, args.out, args.count, true, true, tag, args.deadline,
+        &ring_scratch_);
+    return;
+  }
+  const int l = topo_.myLocalRank();
+  const size_t es = args.elemSize();
+  const Slices slices{args.count, static_cast<size_t>(L)};
+  auto* out = static_cast<uint8_t*>(args.out);
+  uint8_t* mine = out + slices.begin(static_cast<size_t>(l)) * es;
+
+  node_->openCall(args, NodeCollectives::kSingleCopy);
+  node_->round(args.deadline);
+  node_->verifyDescs(args);
+  // Node stage: my slice, reduced over the node (PREMUL_SUM scales here).
+  node_->reduceFromPeers(
+      args, static_cast<const uint8_t*>(args.in), slices.begin(static_cast<size_t>(l)) * es,
+      slices.size(static_cast<size_t>(l)), mine, true, false);
+  // Rail stage: my slice, reduced over the nodes.
+  try {
+    ringAllReduce(
+        railRing(args, false), args.reduce, mine, mine, slices.size(static_cast<size_t>(l)), false, true, tag,
+        args.deadline, &ring_scratch_);
+  } catch (const Error& e) {
+    arena_->abort(e.what());
+    throw;
+  }
+  // Every rank has read the inputs (which may be the outputs) and finished
+  // its slice: gather the slices.
+  node_->round(args.deadline);
+  for (int k = 1; k < L; ++k) {
+    const int peer = (l + k) % L;
+    const size_t off = slices.begin(static_cast<size_t>(peer)) * es;
+    arena_->readFrom(peer, out + off, arena_->peerDesc(peer, args.seq).out_addr + off,
+                     slices.size(static_cast<size_t>(peer)) * es);
+  }
+  node_->round(args.deadline);
+}
+
+// ------------------------------------------------------------ Broadcast, Barrier
+
+void HierarchicalCommunicator::broadcast(const OpArgs& args) {
+  const int root_node = topo_.nodeOf(args.root);
+  const int root_local = topo_.localRankOf(args.root);
+  auto* out = static_cast<uint8_t*>(args.out);
+  const size_t b = args.count * args.elemSize();
+  if (topo_.rank() == args.root) {
+    copyBytes(out, args.in, b);
+  }
+  if (topo_.numNodes() > 1 && topo_.myLocalRank() == root_local) {
+    try {
+      ringBroadcast(railRing(args, false), out, b, root_node, {args.seq, callDigest(args)}, args.deadline);
+    } catch (const Error& e) {
+      arena_->abort(e.what());
+      throw;
+    }
+  }
+  OpArgs node_args = args;
+  node_args.in = out;
+  node_args.root = root_local;
+  node_->broadcast(node_args);
+}
+
+void HierarchicalCommunicator::barrier(const OpArgs& args) {
+  node_->barrier(args);
+  if (topo_.numNodes() > 1) {
+    const int N = topo_.numNodes();
+    try {
+      ringAllGather(
+          railRing(args, false), nullptr, std::vector<size_t>(static_cast<size_t>(N), 0),
+          std::vector<size_t>(static_cast<size_t>(N), 0), {args.seq, callDigest(args)}, args.deadline);
+    } catch (const Error& e) {
+      arena_->abort(e.what());
+      throw;
+    }
+  }
+  node_->barrier(args);
+}
+
+// ------------------------------------------------------------ failures
+
+void HierarchicalCommunicator::abort(const std::string& why) {
+  arena_->abort(why);
+  mesh_->sendAbortAll(why);
+}
+
+void HierarchicalCommunicator::interrupt(const std::string& why) {
+  cancel_.store(true);
+  wakeRail();
+  arena_->abort(why);
+  mesh_->shutdownAll();
+}
+
+} // namespace smddp::algorithm

@@ -1,0 +1,118 @@
+// The hierarchical schedules: a node stage over the node's shared memory
+// (single-copy reads of the peers' buffers) composed with the ring of the
+// rail (the ranks with the same local rank, one per node) over sockets.
+//
+// Drawn for 2 nodes x 2 ranks; rank (node, local) = 0:(0,0) 1:(0,1)
+// 2:(1,0) 3:(1,1); rails {0,2} and {1,3}; blocks a b c d of ranks 0..3.
+//
+//   AllGather, rails first:
+//     rails   0<->2: a, c        1<->3: b, d          (sockets)
+//     node    0<-1: b, d  1<-0: a, c  2<-3: b, d  3<-2: a, c   (shm)
+//   ReduceScatter, node first (x_r is rank r's contribution to block x):
+//     node    0: a0+a1, c0+c1   1: b0+b1, d0+d1   2: a2+a3, c2+c3   3: ...
+//     rails   0<->2 exchange the partials of a and c: 0 ends with
+//             (a2+a3)+(a0+a1), 2 with (c0+c1)+(c2+c3); likewise 1 and 3
+//   AllReduce: node ReduceScatter of L slices, rail AllReduce of each
+//     slice, node AllGather of the slices.
+//
+// Pipelining: the rail stage runs on a thread of its own while the calling
+// thread runs the node stage, chunk by chunk (SMDDP_CHUNK_BYTES):
+//   AllGather      each chunk that lands from the rail is announced in the
+//                  node arena (progress counter) and read by the node peers
+//                  at once, while the rail moves the next.
+//   ReduceScatter  each chunk of node partials is handed to the rail (an
+//                  eventfd wakes it) as soon as it is reduced, in the order
+//                  the rail ring consumes them.
+//
+// Only inter-node traffic crosses sockets: each rank sends (N-1)/N of its
+// rail's data instead of the flat ring's share of everyone's.
+//
+// Failures: the first error of either stage aborts the node arena (the node
+// peers fail at once) and, from the backend, is sent to the rail peers.
+#pragma once
+
+#include <atomic>
+#include <condition_variable>
+#include <exception>
+#include <functional>
+#include <memory>
+#include <mutex>
+#include <thread>
+#include <vector>
+
+#include "algorithm/communicator.h"
+#include "algorithm/node_collectives.h"
+#include "algorithm/ring.h"
+#include "transport/shm/node_arena.h"
+#include "transport/socket/socket_mesh.h"
+
+namespace smddp::algorithm {
+
+// A thread that runs one job at a time for its owner.
+class StageThread {
+ public:
+  StageThread();
+  ~StageThread();
+  void start(std::function<void()> job);
+  // Waits for the job; returns its exception, if any.
+  std::exception_ptr join();
+
+ private:
+  void loop();
+  std::mutex mu_;
+  std::condition_variable cv_;
+  std::function<void()> job_;
+  bool has_job_ = false;
+  bool busy_ = false;
+  bool stop_ = false;
+  std::exception_ptr error_;
+  std::thread thread_;
+};
+
+class HierarchicalCommunicator : public Communicator {
+ public:
+  // Requires a uniform topology and single-copy reads inside the node.
+  HierarchicalCommunicator(
+      Store& store,
+      const topology::Topology& topology,
+      const Config& config,
+      const NetOptions& net,
+      std::unique_ptr<transport::NodeArena> arena);
+  ~HierarchicalCommunicator() override;
+
+  void allGather(const OpArgs& args) override;
+  void reduceScatter(const OpArgs& args) override;
+  void allReduce(const OpArgs& args) override;
+  void broadcast(const OpArgs& args) override;
+  void barrier(const OpArgs& args) override;
+  void abort(const std::string& why) override;
+  void interrupt(const std::string& why) override;
+  std::string describe() const override;
+
+ private:
+  Ring railRing(const OpArgs& args, bool with_wake);
+  // Runs the rail stage on the stage thread and `node_stage` here; the
+  // first failure of either stops the other.
+  void runStages(const std::function<void()>& rail_stage, const std::function<void()>& node_stage);
+  void wakeRail();
+  void allGatherPipelined(const OpArgs& args);
+  void reduceScatterPipelined(const OpArgs& args);
+
+  topology::Topology topo_;
+  Config config_;
+  std::unique_ptr<transport::NodeArena> arena_;
+  std::unique_ptr<NodeCollectives> node_;
+  std::unique_ptr<transport::SocketMesh> mesh_;
+  std::vector<int> rail_;  // group ranks of my rail, by node
+  transport::Channel* rail_next_ = nullptr;
+  transport::Channel* rail_prev_ = nullptr;
+  int wake_fd_ = -1;
+  std::atomic<bool> cancel_{false};
+  std::atomic<uint64_t> partials_ready_{0};
+  std::vector<uint8_t> partials_;
+  std::vector<uint8_t> ring_scratch_;
+  std::vector<uint8_t> node_scratch_;
+  StageThread stage_;
+};
+
+} // namespace smddp::algorithm

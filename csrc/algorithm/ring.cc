@@ -1,0 +1,307 @@
+#include "algorithm/ring.h"
+
+#include <algorithm>
+
+#include "common/error.h"
+
+namespace smddp::algorithm {
+
+using transport::Channel;
+using transport::MessageTag;
+
+namespace {
+
+int mod(int a, int n) {
+  return ((a % n) + n) % n;
+}
+
+size_t chunkLen(size_t block, size_t chunk, size_t c) {
+  const size_t off = c * chunk;
+  return off >= block ? 0 : std::min(chunk, block - off);
+}
+
+std::vector<Channel*> channelsOf(const Ring& ring) {
+  if (ring.next == ring.prev) {
+    return {ring.next};
+  }
+  return {ring.next, ring.prev};
+}
+
+void mix(uint64_t* h, uint64_t v) {
+  for (int i = 0; i < 8; ++i) {
+    *h ^= (v >> (8 * i)) & 0xff;
+    *h *= 1099511628211ull;
+  }
+}
+
+} // namespace
+
+uint32_t callDigest(const OpArgs& args) {
+  uint64_t h = 1469598103934665603ull;
+  mix(&h, static_cast<uint64_t>(args.kind));
+  mix(&h, static_cast<uint64_t>(args.dtype()));
+  const bool reduces = args.kind == CollectiveKind::kAllReduce || args.kind == CollectiveKind::kReduceScatter;
+  mix(&h, reduces ? static_cast<uint64_t>(args.reduce.op) : 0);
+  mix(&h, args.count);
+  mix(&h, args.kind == CollectiveKind::kBroadcast ? static_cast<uint64_t>(args.root) : 0);
+  return static_cast<uint32_t>(h ^ (h >> 32));
+}
+
+size_t ringChunks(size_t max_block_bytes, size_t chunk_bytes) {
+  return std::max<size_t>(1, (max_block_bytes + chunk_bytes - 1) / chunk_bytes);
+}
+
+void ringAllGather(
+    const Ring& ring,
+    uint8_t* out,
+    const std::vector<size_t>& offsets,
+    const std::vector<size_t>& sizes,
+    const MessageTag& tag,
+    const Deadline& deadline,
+    const std::function<void(uint64_t unit)>& on_landed) {
+  const int n = ring.size;
+  const int r = ring.index;
+  if (n == 1) {
+    return;
+  }
+  const size_t chunk = ring.chunk_bytes;
+  const size_t C = ringChunks(*std::max_element(sizes.begin(), sizes.end()), chunk);
+  const uint64_t total = static_cast<uint64_t>(n - 1) * C;
+  Channel* next = ring.next;
+  Channel* prev = ring.prev;
+  const uint64_t sbase = next->sendsDone();
+  const uint64_t rbase = prev->recvsDone();
+  for (int s = 0; s <= n - 2; ++s) {
+    const int m = mod(r - s - 1, n);
+    for (size_t c = 0; c < C; ++c) {
+      prev->postRecv(out + offsets[m] + c * chunk, chunkLen(sizes[m], chunk, c), tag);
+    }
+  }
+  for (size_t c = 0; c < C; ++c) {
+    next->postSend(out + offsets[r] + c * chunk, chunkLen(sizes[r], chunk, c), tag);
+  }
+  uint64_t landed = 0;
+  auto step = [&] {
+    bool moved = false;
+    const uint64_t got = prev->recvsDone() - rbase;
+    while (landed < got) {
+      const uint64_t u = landed++;
+      const int s = static_cast<int>(u / C);
+      const size_t c = u % C;
+      if (on_landed) {
+        on_landed(u);
+      }
+      if (s + 1 <= n - 2) {
+        // Step s+1 forwards the block that arrived at step s.
+        const int m = mod(r - s - 1, n);
+        next->postSend(out + offsets[m] + c * chunk, chunkLen(sizes[m], chunk, c), tag);
+      }
+      moved = true;
+    }
+    return moved;
+  };
+  // Done when every arrival has been handled by step() (not merely arrived).
+  auto done = [&] { return landed == total && next->sendsDone() - sbase == total; };
+  transport::drive(channelsOf(ring), step, done, deadline, ring.drive);
+}
+
+void ringReduceScatter(
+    const Ring& ring,
+    const ReduceSpec& spec,
+    const Contributions& contrib,
+    void* out,
+    const std::vector<size_t>& counts,
+    bool raw,
+    bool finalize,
+    const MessageTag& tag,
+    const Deadline& deadline,
+    std::vector<uint8_t>* scratch) {
+  const int n = ring.size;
+  const int r = ring.index;
+  const size_t es = elementSize(spec.dtype);
+  auto* dst = static_cast<uint8_t*>(out);
+  if (n == 1) {
+    const void* src[1] = {contrib.base + contrib.offsets[0]};
+    reduce(spec, dst, src, 1, counts[0], raw, finalize);
+    return;
+  }
+  // Raw PREMUL_SUM inputs: the ring adds them, the factor scales the sum once.
+  const bool scale_after = raw && spec.op == ReduceOp::kPremulSum;
+  ReduceSpec add = spec;
+  if (scale_after) {
+    add.op = ReduceOp::kSum;
+  }
+  const size_t chunk_elems = std::max<size_t>(1, ring.chunk_bytes / es);
+  const size_t chunk = chunk_elems * es;
+  std::vector<size_t> bytes(counts.size());
+  for (size_t i = 0; i < counts.size(); ++i) {
+    bytes[i] = counts[i] * es;
+  }
+  const size_t maxb = *std::max_element(bytes.begin(), bytes.end());
+  const size_t C = ringChunks(maxb, chunk);
+  const uint64_t total = static_cast<uint64_t>(n - 1) * C;
+  if (scratch->size() < static_cast<size_t>(n - 1) * maxb) {
+    scratch->resize(static_cast<size_t>(n - 1) * maxb);
+  }
+  uint8_t* tmp = scratch->data();
+  Channel* next = ring.next;
+  Channel* prev = ring.prev;
+  const uint64_t sbase = next->sendsDone();
+  const uint64_t rbase = prev->recvsDone();
+  // Step s receives block r-s-2 (the partial reduction of its predecessors).
+  for (int s = 0; s <= n - 2; ++s) {
+    const int m = mod(r - s - 2, n);
+    for (size_t c = 0; c < C; ++c) {
+      prev->postRecv(tmp + static_cast<size_t>(s) * maxb + c * chunk, chunkLen(bytes[m], chunk, c), tag);
+    }
+  }
+  auto ready = [&](int block, size_t c) { return !contrib.ready || contrib.ready(block, c); };
+  uint64_t processed = 0;
+  uint64_t next_send = 0;
+  auto step = [&] {
+    bool moved = false;
+    const uint64_t got = prev->recvsDone() - rbase;
+    while (processed < got) {
+      const int s = static_cast<int>(processed / C);
+      const size_t c = processed % C;
+      const int m = mod(r - s - 2, n);
+      if (!ready(m, c)) {
+        break;
+      }
+      const size_t len = chunkLen(bytes[m], chunk, c);
+      uint8_t* part = tmp + static_cast<size_t>(s) * maxb + c * chunk;
+      const void* srcs[2] = {part, contrib.base + contrib.offsets[m] + c * chunk};
+      if (s < n - 2) {
+        reduce(add, part, srcs, 2, len / es, false, false);
+      } else {
+        reduce(add, dst + c * chunk, srcs, 2, len / es, false, finalize && !scale_after);
+      }
+      ++processed;
+      moved = true;
+    }
+    // Sends go out strictly in (step, chunk) order: the receiver's order.
+    while (next_send < total) {
+      const int s = static_cast<int>(next_send / C);
+      const size_t c = next_send % C;
+      const int m = mod(r - s - 1, n);
+      const uint8_t* src = nullptr;
+      if (s == 0) {
+        if (!ready(m, c)) {
+          break;
+        }
+        src = contrib.base + contrib.offsets[m] + c * chunk;
+      } else {
+        if (processed <= static_cast<uint64_t>(s - 1) * C + c) {
+          break;
+        }
+        src = tmp + static_cast<size_t>(s - 1) * maxb + c * chunk;
+      }
+      next->postSend(src, chunkLen(bytes[m], chunk, c), tag);
+      ++next_send;
+      moved = true;
+    }
+    return moved;
+  };
+  auto done = [&] { return processed == total && next->sendsDone() - sbase == total; };
+  transport::drive(channelsOf(ring), step, done, deadline, ring.drive);
+  if (scale_after) {
+    finalizeInPlace(spec, dst, counts[static_cast<size_t>(r)], true);
+  }
+}
+
+void ringAllReduce(
+    const Ring& ring,
+    const ReduceSpec& spec,
+    const void* in,
+    void* out,
+    size_t count,
+    bool raw,
+    bool finalize,
+    const MessageTag& tag,
+    const Deadline& deadline,
+    std::vector<uint8_t>* scratch) {
+  const int n = ring.size;
+  const size_t es = elementSize(spec.dtype);
+  if (n == 1) {
+    const void* src[1] = {in};
+    reduce(spec, out, src, 1, count, raw, finalize);
+    return;
+  }
+  const Slices slices{count, static_cast<size_t>(n)};
+  Contributions contrib;
+  contrib.base = static_cast<const uint8_t*>(in);
+  std::vector<size_t> counts(static_cast<size_t>(n));
+  std::vector<size_t> offsets(static_cast<size_t>(n));
+  std::vector<size_t> sizes(static_cast<size_t>(n));
+  for (int i = 0; i < n; ++i) {
+    counts[i] = slices.size(static_cast<size_t>(i));
+    offsets[i] = slices.begin(static_cast<size_t>(i)) * es;
+    sizes[i] = counts[i] * es;
+  }
+  contrib.offsets = offsets;
+  auto* o = static_cast<uint8_t*>(out);
+  ringReduceScatter(
+      ring, spec, contrib, o + offsets[ring.index], counts, raw, finalize, tag, deadline, scratch);
+  ringAllGather(ring, o, offsets, sizes, tag, deadline);
+}
+
+void ringBroadcast(
+    const Ring& ring,
+    uint8_t* buf,
+    size_t bytes,
+    int root,
+    const MessageTag& tag,
+    const Deadline& deadline) {
+  const int n = ring.size;
+  const int r = ring.index;
+  if (n == 1) {
+    return;
+  }
+  const size_t chunk = ring.chunk_bytes;
+  const size_t C = ringChunks(bytes, chunk);
+  const int pos = mod(r - root, n);
+  const bool receives = pos != 0;
+  const bool forwards = pos != n - 1;
+  Channel* next = ring.next;
+  Channel* prev = ring.prev;
+  const uint64_t sbase = next->sendsDone();
+  const uint64_t rbase = prev->recvsDone();
+  if (receives) {
+    for (size_t c = 0; c < C; ++c) {
+      prev->postRecv(buf + c * chunk, chunkLen(bytes, chunk, c), tag);
+    }
+  } else {
+    for (size_t c = 0; c < C; ++c) {
+      next->postSend(buf + c * chunk, chunkLen(bytes, chunk, c), tag);
+    }
+  }
+  uint64_t forwarded = 0;
+  auto step = [&] {
+    bool moved = false;
+    if (receives && forwards) {
+      const uint64_t got = prev->recvsDone() - rbase;
+      while (forwarded < got) {
+        const size_t c = forwarded++;
+        next->postSend(buf + c * chunk, chunkLen(bytes, chunk, c), tag);
+        moved = true;
+      }
+    }
+    return moved;
+  };
+  auto done = [&] {
+    return (!receives || prev->recvsDone() - rbase == C) && (!forwards || next->sendsDone() - sbase == C);
+  };
+  std::vector<Channel*> chans;
+  if (forwards) {
+    chans.push_back(next);
+  }
+  if (receives && prev != next) {
+    chans.push_back(prev);
+  }
+  if (chans.empty()) {
+    chans.push_back(prev);
+  }
+  transport::drive(chans, step, done, deadline, ring.drive);
+}
+
+} // namespace smddp::algorithm

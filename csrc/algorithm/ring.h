@@ -1,0 +1,133 @@
+// Ring collectives over the members of a sub-group, written against the
+// Channel interface: the flat ring of a whole group (any mix of socket and
+// shared-memory hops) and the rail stage of the hierarchical schedules.
+//
+// Member i sends to member i+1 and receives from member i-1 (mod n). Every
+// block is cut into chunks of `chunk_bytes`; chunk c of step s+1 leaves as
+// soon as chunk c of step s has arrived, so the steps overlap. Both ends
+// post the same messages in the same order (step-major, chunk-minor), which
+// is what lets a message carry only a tag to be checked.
+//
+// Schedules, drawn for n = 3 members A, B, C with blocks a, b, c:
+//
+//   AllGather (block of member i ends everywhere):
+//     step 0:  A->B a    B->C b    C->A c
+//     step 1:  A->B c    B->C a    C->A b        (forwarding what arrived)
+//
+//   ReduceScatter (member i ends with block i; x_Y is member Y's
+//   contribution to block x; block k is reduced in the order k+1, k+2, ...,
+//   k, fixed, hence deterministic):
+//     step 0:  A->B c_A          B->C a_B          C->A b_C
+//     step 1:  A->B (b_C+b_A)    B->C (c_A+c_B)    C->A (a_B+a_C)
+//     end:     A: a_B+a_C+a_A    B: b_C+b_A+b_B    C: c_A+c_B+c_C
+//
+//   AllReduce: ReduceScatter of n slices, then AllGather of the results.
+//   Broadcast: the root's chunks travel the ring once; each member forwards
+//   every chunk it receives, except the member before the root.
+//
+// Memory: ReduceScatter receives into a scratch of (n-1) blocks owned by the
+// caller (kept between calls, so pages are touched once).
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <functional>
+#include <vector>
+
+#include "algorithm/op.h"
+#include "transport/channel.h"
+
+namespace smddp::algorithm {
+
+struct Ring {
+  int index = 0;  // my position, 0..size-1
+  int size = 1;
+  transport::Channel* next = nullptr;  // to index+1
+  transport::Channel* prev = nullptr;  // from index-1
+  size_t chunk_bytes = 1 << 20;
+  transport::DriveOptions drive;
+};
+
+// A 32-bit digest of what a call is (kind, dtype, count, op, root): equal on
+// every rank that makes the same call, carried by every message.
+uint32_t callDigest(const OpArgs& args);
+
+// Chunks per block: blocks of unequal size are cut alike (a chunk past the
+// end of a shorter block is an empty message), so every member agrees on
+// the schedule.
+size_t ringChunks(size_t max_block_bytes, size_t chunk_bytes);
+
+// AllGather; member i's block of sizes[i] bytes is at out + offsets[i] (my
+// own must already be there). on_landed(unit) is called as chunks arrive, in
+// order, unit = step * ringChunks(...) + chunk.
+void ringAllGather(
+    const Ring& ring,
+    uint8_t* out,
+    const std::vector<size_t>& offsets,
+    const std::vector<size_t>& sizes,
+    const transport::MessageTag& tag,
+    const Deadline& deadline,
+    const std::function<void(uint64_t unit)>& on_landed = nullptr);
+
+// Where a member's contribution to each block is, and whether a chunk of it
+// is ready yet (the hierarchical schedule produces contributions while the
+// ring runs; `ready` returning false makes the ring wait for `wake_fd`).
+struct Contributions {
+  const uint8_t* base = nullptr;
+  std::vector<size_t> offsets;  // of block i's contribution, in bytes
+  std::function<bool(int block, size_t chunk)> ready;
+};
+
+// ReduceScatter: block i (counts[i] elements) of every member reduced into
+// member i's `out`. `raw`: the contributions are the collective's inputs
+// (PREMUL_SUM's factor is applied once, to the result). `finalize`: apply
+// AVG's division to the result. Chunks are chunk_bytes rounded down to
+// whole elements.
+void ringReduceScatter(
+    const Ring& ring,
+    const ReduceSpec& spec,
+    const Contributions& contrib,
+    void* out,
+    const std::vector<size_t>& counts,
+    bool raw,
+    bool finalize,
+    const transport::MessageTag& tag,
+    const Deadline& deadline,
+    std::vector<uint8_t>* scratch);
+
+// AllReduce of `count` elements (in may equal out).
+void ringAllReduce(
+    const Ring& ring,
+    const ReduceSpec& spec,
+    const void* in,
+    void* out,
+    size_t count,
+    bool raw,
+    bool finalize,
+    const transport::MessageTag& tag,
+    const Deadline& deadline,
+    std::vector<uint8_t>* scratch);
+
+// Broadcast of `bytes` at buf from member `root`.
+void ringBroadcast(
+    const Ring& ring,
+    uint8_t* buf,
+    size_t bytes,
+    int root,
+    const transport::MessageTag& tag,
+    const Deadline& deadline);
+
+// Splits `count` elements into `parts` contiguous slices (the first
+// count % parts one longer), the same way on every rank.
+struct Slices {
+  size_t count;
+  size_t parts;
+  size_t begin(size_t i) const {
+    return i * (count / parts) + (i < count % parts ? i : count % parts);
+  }
+  size_t size(size_t i) const {
+    return count / parts + (i < count % parts ? 1 : 0);
+  }
+};
+
+} // namespace smddp::algorithm

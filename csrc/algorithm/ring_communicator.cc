@@ -1,0 +1,150 @@
+#include "algorithm/ring_communicator.h"
+
+#include "algorithm/op.h"
+#include "common/error.h"
+#include "common/log.h"
+
+namespace smddp::algorithm {
+
+RingCommunicator::RingCommunicator(
+    Store& store,
+    const topology::Topology& topology,
+    const Config& config,
+    const NetOptions& net,
+    std::unique_ptr<transport::NodeArena> arena,
+    const std::string& why)
+    : topo_(topology), config_(config), why_(why), arena_(std::move(arena)) {
+  const int n = topo_.size();
+  const int r = topo_.rank();
+  const int next = (r + 1) % n;
+  const int prev = (r + n - 1) % n;
+  auto same_node = [&](int peer) { return arena_ && topo_.nodeOf(peer) == topo_.myNode(); };
+  std::vector<int> socket_peers;
+  if (n > 1) {
+    if (!same_node(next)) {
+      socket_peers.push_back(next);
+    }
+    if (!same_node(prev) && prev != next) {
+      socket_peers.push_back(prev);
+    }
+  }
+  transport::SocketMesh::Options so;
+  so.interface = config_.socket_ifname;
+  so.peer_hint = net.store_host;
+  so.streams = config_.socket_streams;
+  so.timeout = net.timeout;
+  // Collective over the group even for ranks without socket peers: every
+  // rank publishes its address and rank 0 the group's secret.
+  mesh_ = std::make_unique<transport::SocketMesh>(store, "smddp/ring", r, socket_peers, so);
+  if (n > 1) {
+    if (same_node(next)) {
+      shm_next_ = std::make_unique<transport::ShmChannel>(*arena_, topo_.localRankOf(next), next);
+      next_ = shm_next_.get();
+    } else {
+      next_ = &mesh_->channel(next);
+    }
+    if (same_node(prev)) {
+      if (prev == next) {
+        prev_ = next_;
+      } else {
+        shm_prev_ = std::make_unique<transport::ShmChannel>(*arena_, topo_.localRankOf(prev), prev);
+        prev_ = shm_prev_.get();
+      }
+    } else {
+      prev_ = &mesh_->channel(prev);
+    }
+  }
+  if (!why_.empty()) {
+    SMDDP_LOG(kInfo, "rank ", r, ": flat ring: ", why_);
+  }
+}
+
+Ring RingCommunicator::ringFor(const OpArgs& args) const {
+  Ring ring;
+  ring.index = topo_.rank();
+  ring.size = topo_.size();
+  ring.next = next_;
+  ring.prev = prev_;
+  ring.chunk_bytes = config_.chunk_bytes;
+  ring.drive.policy = waitPolicyOf(config_);
+  transport::NodeArena* arena = arena_.get();
+  ring.drive.check = [arena] {
+    if (arena != nullptr) {
+      arena->checkAborted();
+    }
+  };
+  const uint64_t seq = args.seq;
+  ring.drive.what = [seq, this] {
+    return str("ring neighbours (rank ", next_->peer(), " and rank ", prev_->peer(), ") in collective #", seq);
+  };
+  return ring;
+}
+
+void RingCommunicator::allGather(const OpArgs& args) {
+  const size_t b = args.count * args.elemSize();
+  const int n = topo_.size();
+  auto* out = static_cast<uint8_t*>(args.out);
+  copyBytes(out + static_cast<size_t>(topo_.rank()) * b, args.in, b);
+  std::vector<size_t> offsets(static_cast<size_t>(n));
+  for (int i = 0; i < n; ++i) {
+    offsets[i] = static_cast<size_t>(i) * b;
+  }
+  ringAllGather(
+      ringFor(args), out, offsets, std::vector<size_t>(static_cast<size_t>(n), b),
+      {args.seq, callDigest(args)}, args.deadline);
+}
+
+void RingCommunicator::reduceScatter(const OpArgs& args) {
+  const size_t b = args.count * args.elemSize();
+  const int n = topo_.size();
+  Contributions contrib;
+  contrib.base = static_cast<const uint8_t*>(args.in);
+  for (int i = 0; i < n; ++i) {
+    contrib.offsets.push_back(static_cast<size_t>(i) * b);
+  }
+  ringReduceScatter(
+      ringFor(args), args.reduce, contrib, args.out, std::vector<size_t>(static_cast<size_t>(n), args.count),
+      true, true, {args.seq, callDigest(args)}, args.deadline, &scratch_);
+}
+
+void RingCommunicator::allReduce(const OpArgs& args) {
+  ringAllReduce(
+      ringFor(args), args.reduce, args.in, args.out, args.count, true, true, {args.seq, callDigest(args)},
+      args.deadline, &scratch_);
+}
+
+void RingCommunicator::broadcast(const OpArgs& args) {
+  auto* out = static_cast<uint8_t*>(args.out);
+  const size_t b = args.count * args.elemSize();
+  if (topo_.rank() == args.root) {
+    copyBytes(out, args.in, b);
+  }
+  ringBroadcast(ringFor(args), out, b, args.root, {args.seq, callDigest(args)}, args.deadline);
+}
+
+void RingCommunicator::barrier(const OpArgs& args) {
+  const int n = topo_.size();
+  ringAllGather(
+      ringFor(args), nullptr, std::vector<size_t>(static_cast<size_t>(n), 0),
+      std::vector<size_t>(static_cast<size_t>(n), 0), {args.seq, callDigest(args)}, args.deadline);
+}
+
+void RingCommunicator::abort(const std::string& why) {
+  if (arena_) {
+    arena_->abort(why);
+  }
+  mesh_->sendAbortAll(why);
+}
+
+void RingCommunicator::interrupt(const std::string& why) {
+  if (arena_) {
+    arena_->abort(why);
+  }
+  mesh_->shutdownAll();
+}
+
+std::string RingCommunicator::describe() const {
+  return str("ring", arena_ ? " (shm+tcp)" : " (tcp)", ", ", topo_.describe());
+}
+
+} // namespace smddp::algorithm

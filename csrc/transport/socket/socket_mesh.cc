@@ -1,0 +1,493 @@
+#include "transport/socket/socket_mesh.h"
+
+#include <sys/random.h>
+#include <sys/uio.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <atomic>
+#include <cerrno>
+#include <cstring>
+#include <exception>
+#include <mutex>
+#include <set>
+#include <thread>
+
+#include "common/error.h"
+#include "common/log.h"
+
+namespace smddp::transport {
+
+// ------------------------------------------------------------ SocketChannel
+
+SocketChannel::SocketChannel(int my_rank, int peer, std::vector<Fd> streams, SipKey key)
+    : my_rank_(my_rank), peer_(peer), key_(key), streams_(streams.size()) {
+  for (size_t i = 0; i < streams.size(); ++i) {
+    streams_[i].fd = std::move(streams[i]);
+    setNonBlocking(streams_[i].fd.get(), true);
+  }
+}
+
+SocketChannel::~SocketChannel() = default;
+
+uint64_t SocketChannel::postSend(const void* buf, size_t bytes, const MessageTag& tag) {
+  const uint64_t id = sends_posted_++;
+  Stream& s = streams_[id % streams_.size()];
+  SendOp op;
+  op.id = id;
+  FrameHeader h;
+  h.type = FrameType::kData;
+  h.seq = tag.seq;
+  h.call = tag.call;
+  h.from = static_cast<uint32_t>(my_rank_);
+  h.length = bytes;
+  encodeFrameHeader(h, key_, op.header);
+  op.buf = static_cast<const uint8_t*>(buf);
+  op.bytes = bytes;
+  op.off = 0;
+  s.sends.push_back(op);
+  send_flags_.push_back(false);
+  return id;
+}
+
+uint64_t SocketChannel::postRecv(void* buf, size_t bytes, const MessageTag& tag) {
+  const uint64_t id = recvs_posted_++;
+  Stream& s = streams_[id % streams_.size()];
+  s.recvs.push_back(RecvOp{id, static_cast<uint8_t*>(buf), bytes, tag});
+  recv_flags_.push_back(false);
+  return id;
+}
+
+void SocketChannel::finish(std::deque<bool>* flags, uint64_t* base, uint64_t* done, uint64_t id) {
+  (*flags)[id - *base] = true;
+  while (!flags->empty() && flags->front()) {
+    flags->pop_front();
+    ++*base;
+    ++*done;
+  }
+}
+
+void SocketChannel::lost(const std::string& what, int err) {
+  SMDDP_THROW(
+      kPeerLost,
+      "connection to rank ",
+      peer_,
+      " (other node) lost while ",
+      what,
+      err != 0 ? ": " + errnoString(err) : std::string(": closed by the peer"),
+      "; did rank ",
+      peer_,
+      " exit or fail?");
+}
+
+bool SocketChannel::progressSends(Stream& s) {
+  bool moved = false;
+  while (!s.sends.empty()) {
+    SendOp& op = s.sends.front();
+    struct iovec iov[2];
+    int n = 0;
+    if (op.off < kFrameHeaderBytes) {
+      iov[n++] = {op.header + op.off, kFrameHeaderBytes - op.off};
+      if (op.bytes > 0) {
+        iov[n++] = {const_cast<uint8_t*>(op.buf), op.bytes};
+      }
+    } else {
+      size_t p = op.off - kFrameHeaderBytes;
+      iov[n++] = {const_cast<uint8_t*>(op.buf + p), op.bytes - p};
+    }
+    struct msghdr msg{};
+    msg.msg_iov = iov;
+    msg.msg_iovlen = static_cast<size_t>(n);
+    ssize_t w = ::sendmsg(s.fd.get(), &msg, MSG_NOSIGNAL | MSG_DONTWAIT);
+    if (w < 0) {
+      if (errno == EAGAIN || errno == EWOULDBLOCK || errno == EINTR) {
+        break;
+      }
+      lost("sending", errno);
+    }
+    moved = true;
+    op.off += static_cast<size_t>(w);
+    if (op.off == kFrameHeaderBytes + op.bytes) {
+      uint64_t id = op.id;
+      s.sends.pop_front();
+      finish(&send_flags_, &send_base_, &sends_done_, id);
+    }
+  }
+  return moved;
+}
+
+bool SocketChannel::progressRecvs(Stream& s) {
+  bool moved = false;
+  while (true) {
+    if (s.eof) {
+      if (!s.recvs.empty()) {
+        lost("receiving", 0);
+      }
+      return moved;
+    }
+    if (!s.have_header) {
+      ssize_t r = ::recv(s.fd.get(), s.header + s.header_got, kFrameHeaderBytes - s.header_got, MSG_DONTWAIT);
+      if (r == 0) {
+        if (s.header_got > 0 || !s.recvs.empty()) {
+          lost("receiving", 0);
+        }
+        s.eof = true;
+        return true;
+      }
+      if (r < 0) {
+        if (errno == EAGAIN || errno == EWOULDBLOCK || errno == EINTR) {
+          return moved;
+        }
+        lost("receiving", errno);
+      }
+      moved = true;
+      s.header_got += static_cast<size_t>(r);
+      if (s.header_got < kFrameHeaderBytes) {
+        continue;
+      }
+      std::string bad = decodeFrameHeader(s.header, key_, &s.current);
+      if (!bad.empty()) {
+        SMDDP_THROW(kComm, "rank ", peer_, " sent an invalid message: ", bad);
+      }
+      if (s.current.type == FrameType::kAbort) {
+        std::string why(s.current.length, '\0');
+        try {
+          setNonBlocking(s.fd.get(), false);
+          recvAll(s.fd.get(), why.data(), why.size(), Deadline::after(std::chrono::seconds(1)));
+        } catch (const Error&) {
+          why = "(its message was lost)";
+        }
+        SMDDP_THROW(kAborted, "rank ", peer_, " (other node) failed: ", why);
+      }
+      s.have_header = true;
+      s.payload_got = 0;
+    }
+    if (s.recvs.empty()) {
+      // A message arrived before its receive was posted: keep its header.
+      return moved;
+    }
+    RecvOp& op = s.recvs.front();
+    if (s.current.seq != op.tag.seq || s.current.call != op.tag.call || s.current.length != op.bytes) {
+      SMDDP_THROW(
+          kMismatch,
+          "ranks disagree on collective #",
+          op.tag.seq,
+          ": rank ",
+          peer_,
+          " sent a message of ",
+          s.current.length,
+          " bytes for collective #",
+          s.current.seq,
+          " (call ",
+          s.current.call,
+          "), rank ",
+          my_rank_,
+          " expected ",
+          op.bytes,
+          " bytes (call ",
+          op.tag.call,
+          "). Every rank of a group must make the same collective calls in the "
+          "same order, with the same sizes, dtypes and reduce ops");
+    }
+    while (s.payload_got < op.bytes) {
+      ssize_t r = ::recv(s.fd.get(), op.buf + s.payload_got, op.bytes - s.payload_got, MSG_DONTWAIT);
+      if (r == 0) {
+        lost("receiving", 0);
+      }
+      if (r < 0) {
+        if (errno == EAGAIN || errno == EWOULDBLOCK || errno == EINTR) {
+          return moved;
+        }
+        lost("receiving", errno);
+      }
+      moved = true;
+      s.payload_got += static_cast<size_t>(r);
+    }
+    uint64_t id = op.id;
+    s.recvs.pop_front();
+    s.have_header = false;
+    s.header_got = 0;
+    finish(&recv_flags_, &recv_base_, &recvs_done_, id);
+  }
+}
+
+bool SocketChannel::progress() {
+  bool moved = false;
+  for (Stream& s : streams_) {
+    moved = progressSends(s) || moved;
+    moved = progressRecvs(s) || moved;
+  }
+  return moved;
+}
+
+void SocketChannel::appendPollFds(std::vector<struct pollfd>* fds) const {
+  for (const Stream& s : streams_) {
+    short events = s.eof ? 0 : POLLIN;
+    if (!s.sends.empty()) {
+      events |= POLLOUT;
+    }
+    if (events != 0) {
+      fds->push_back({s.fd.get(), events, 0});
+    }
+  }
+}
+
+void SocketChannel::sendAbort(const std::string& why) {
+  std::string msg = why.substr(0, kMaxAbortBytes);
+  for (Stream& s : streams_) {
+    if (!s.sends.empty() && s.sends.front().off > 0) {
+      // Mid-message: a frame now would be garbage to the peer; closing
+      // tells it promptly instead.
+      ::shutdown(s.fd.get(), SHUT_RDWR);
+      continue;
+    }
+    FrameHeader h;
+    h.type = FrameType::kAbort;
+    h.from = static_cast<uint32_t>(my_rank_);
+    h.length = msg.size();
+    uint8_t header[kFrameHeaderBytes];
+    encodeFrameHeader(h, key_, header);
+    try {
+      sendAll(s.fd.get(), header, sizeof(header), Deadline::after(std::chrono::milliseconds(200)));
+      sendAll(s.fd.get(), msg.data(), msg.size(), Deadline::after(std::chrono::milliseconds(200)));
+    } catch (const Error&) {
+      ::shutdown(s.fd.get(), SHUT_RDWR);
+    }
+  }
+}
+
+void SocketChannel::shutdown() {
+  for (Stream& s : streams_) {
+    ::shutdown(s.fd.get(), SHUT_RDWR);
+  }
+}
+
+// ------------------------------------------------------------ handshake
+
+namespace {
+
+constexpr uint32_t kHelloMagic = 0x48444d53;  // "SMDH"
+constexpr uint16_t kHelloVersion = 1;
+
+struct Hello {
+  uint32_t magic;
+  uint16_t version;
+  uint16_t streams;
+  uint32_t from;
+  uint32_t to;
+  uint32_t stream;
+  uint32_t pad;
+  uint64_t nonce[2];
+};
+static_assert(sizeof(Hello) == 40, "wire size");
+
+struct Challenge {
+  uint64_t nonce[2];
+  uint64_t mac;
+};
+
+void randomBytes(void* p, size_t n) {
+  auto* b = static_cast<uint8_t*>(p);
+  while (n > 0) {
+    ssize_t got = ::getrandom(b, n, 0);
+    if (got < 0) {
+      if (errno == EINTR) {
+        continue;
+      }
+      SMDDP_SYSCHECK(-1, "getrandom");
+    }
+    b += got;
+    n -= static_cast<size_t>(got);
+  }
+}
+
+uint64_t mac(const SipKey& key, char role, const Hello& hello, const uint64_t nonce[2]) {
+  uint8_t buf[1 + sizeof(Hello) + 16];
+  buf[0] = static_cast<uint8_t>(role);
+  std::memcpy(buf + 1, &hello, sizeof(Hello));
+  std::memcpy(buf + 1 + sizeof(Hello), nonce, 16);
+  return siphash24(key, buf, sizeof(buf));
+}
+
+// Connector side. Throws if the acceptor does not prove the key.
+void handshakeConnect(int fd, const SipKey& key, int from, int to, int stream, int streams, const Deadline& dl) {
+  Hello h{};
+  h.magic = kHelloMagic;
+  h.version = kHelloVersion;
+  h.streams = static_cast<uint16_t>(streams);
+  h.from = static_cast<uint32_t>(from);
+  h.to = static_cast<uint32_t>(to);
+  h.stream = static_cast<uint32_t>(stream);
+  randomBytes(h.nonce, sizeof(h.nonce));
+  sendAll(fd, &h, sizeof(h), dl);
+  Challenge c{};
+  recvAll(fd, &c, sizeof(c), dl);
+  if (c.mac != mac(key, 'A', h, c.nonce)) {
+    SMDDP_THROW(kComm, "rank ", to, " failed to prove it belongs to this group");
+  }
+  uint64_t response = mac(key, 'C', h, c.nonce);
+  sendAll(fd, &response, sizeof(response), dl);
+  uint8_t ok = 0;
+  recvAll(fd, &ok, 1, dl);
+  if (ok != 1) {
+    SMDDP_THROW(kComm, "rank ", to, " rejected the connection");
+  }
+}
+
+// Acceptor side: returns the verified hello, or throws why not.
+Hello handshakeAccept(int fd, const SipKey& key, int me, int streams, const std::set<int>& expected, const Deadline& dl) {
+  Hello h{};
+  recvAll(fd, &h, sizeof(h), dl);
+  if (h.magic != kHelloMagic || h.version != kHelloVersion) {
+    SMDDP_THROW(kComm, "not an smddp peer (bad greeting)");
+  }
+  if (h.to != static_cast<uint32_t>(me) || h.streams != streams ||
+      h.stream >= static_cast<uint32_t>(streams) || expected.count(static_cast<int>(h.from)) == 0) {
+    SMDDP_THROW(kComm, "unexpected greeting (from ", h.from, " to ", h.to, " stream ", h.stream, ")");
+  }
+  Challenge c{};
+  randomBytes(c.nonce, sizeof(c.nonce));
+  c.mac = mac(key, 'A', h, c.nonce);
+  sendAll(fd, &c, sizeof(c), dl);
+  uint64_t response = 0;
+  recvAll(fd, &response, sizeof(response), dl);
+  if (response != mac(key, 'C', h, c.nonce)) {
+    SMDDP_THROW(kComm, "the peer does not hold this group's secret");
+  }
+  uint8_t ok = 1;
+  sendAll(fd, &ok, 1, dl);
+  return h;
+}
+
+} // namespace
+
+// ------------------------------------------------------------ SocketMesh
+
+SocketMesh::SocketMesh(
+    Store& store,
+    const std::string& key,
+    int rank,
+    const std::vector<int>& peers,
+    const Options& options) {
+  const Deadline deadline = Deadline::after(options.timeout);
+  const int streams = std::max(1, options.streams);
+  SipKey secret;
+  if (rank == 0) {
+    randomBytes(&secret, sizeof(secret));
+    std::vector<uint8_t> bytes(sizeof(secret));
+    std::memcpy(bytes.data(), &secret, sizeof(secret));
+    store.set(key + "/secret", bytes);
+  } else {
+    std::vector<uint8_t> bytes = store.get(key + "/secret");
+    SMDDP_ASSERT(bytes.size() == sizeof(secret), "bad secret size");
+    std::memcpy(&secret, bytes.data(), sizeof(secret));
+  }
+
+  SockAddr addr = chooseListenAddress(options.interface, options.peer_hint);
+  Fd listener = listenOn(&addr);
+  listen_address_ = addr.str();
+  store.set(str(key, "/addr/", rank), toBytes(listen_address_));
+
+  std::set<int> lower;
+  std::vector<int> higher;
+  for (int p : peers) {
+    if (p < rank) {
+      lower.insert(p);
+    } else if (p > rank) {
+      higher.push_back(p);
+    }
+  }
+  std::sort(higher.begin(), higher.end());
+
+  // Accept the lower ranks' connections on a thread while connecting to the
+  // higher ones, so no pair waits for the other's order.
+  std::map<int, std::vector<Fd>> accepted;
+  std::exception_ptr accept_error;
+  std::thread acceptor([&] {
+    try {
+      size_t want = lower.size() * static_cast<size_t>(streams);
+      size_t got = 0;
+      std::map<int, std::vector<Fd>> slots;
+      for (int p : lower) {
+        slots[p].resize(static_cast<size_t>(streams));
+      }
+      while (got < want) {
+        if (deadline.expired()) {
+          SMDDP_THROW(kTimeout, "only ", got, " of ", want, " expected connections from other nodes arrived");
+        }
+        Fd c = acceptOne(listener.get(), deadline);
+        if (c.get() < 0) {
+          continue;
+        }
+        try {
+          Deadline hs = Deadline::after(std::chrono::seconds(5));
+          if (hs.at() > deadline.at()) {
+            hs = deadline;
+          }
+          Hello h = handshakeAccept(c.get(), secret, rank, streams, lower, hs);
+          Fd& slot = slots[static_cast<int>(h.from)][h.stream];
+          if (slot.get() >= 0) {
+            SMDDP_THROW(kComm, "duplicate connection from rank ", h.from, " stream ", h.stream);
+          }
+          slot = std::move(c);
+          ++got;
+        } catch (const Error& e) {
+          SMDDP_LOG(kWarn, "rank ", rank, ": dropped a connection that is not a peer of this group: ", e.what());
+        }
+      }
+      accepted = std::move(slots);
+    } catch (...) {
+      accept_error = std::current_exception();
+    }
+  });
+
+  std::map<int, std::vector<Fd>> connected;
+  std::exception_ptr connect_error;
+  try {
+    for (int p : higher) {
+      SockAddr peer_addr = SockAddr::parse(toString(store.get(str(key, "/addr/", p))));
+      for (int s = 0; s < streams; ++s) {
+        Fd c = connectTo(peer_addr, deadline);
+        handshakeConnect(c.get(), secret, rank, p, s, streams, deadline);
+        connected[p].push_back(std::move(c));
+      }
+    }
+  } catch (...) {
+    connect_error = std::current_exception();
+  }
+  acceptor.join();
+  if (connect_error) {
+    std::rethrow_exception(connect_error);
+  }
+  if (accept_error) {
+    std::rethrow_exception(accept_error);
+  }
+  for (auto& [p, fds] : accepted) {
+    channels_[p] = std::make_unique<SocketChannel>(rank, p, std::move(fds), secret);
+  }
+  for (auto& [p, fds] : connected) {
+    channels_[p] = std::make_unique<SocketChannel>(rank, p, std::move(fds), secret);
+  }
+}
+
+SocketMesh::~SocketMesh() = default;
+
+SocketChannel& SocketMesh::channel(int peer) {
+  auto it = channels_.find(peer);
+  SMDDP_ASSERT(it != channels_.end(), "no connection to rank ", peer);
+  return *it->second;
+}
+
+void SocketMesh::sendAbortAll(const std::string& why) {
+  for (auto& [p, c] : channels_) {
+    c->sendAbort(why);
+  }
+}
+
+void SocketMesh::shutdownAll() {
+  for (auto& [p, c] : channels_) {
+    c->shutdown();
+  }
+}
+
+} // namespace smddp::transport

@@ -1,0 +1,69 @@
+// TCP plumbing: owned descriptors, listening and connecting with deadlines,
+// and the choice of the local address the inter-node sockets use.
+#pragma once
+
+#include <netinet/in.h>
+#include <sys/socket.h>
+
+#include <cstddef>
+#include <cstdint>
+#include <string>
+
+#include "common/clock.h"
+
+namespace smddp::transport {
+
+class Fd {
+ public:
+  Fd() = default;
+  explicit Fd(int fd) : fd_(fd) {}
+  ~Fd();
+  Fd(Fd&& o) noexcept : fd_(o.release()) {}
+  Fd& operator=(Fd&& o) noexcept;
+  Fd(const Fd&) = delete;
+  Fd& operator=(const Fd&) = delete;
+  int get() const {
+    return fd_;
+  }
+  int release() {
+    int f = fd_;
+    fd_ = -1;
+    return f;
+  }
+  void reset();
+
+ private:
+  int fd_ = -1;
+};
+
+struct SockAddr {
+  sockaddr_storage storage{};
+  socklen_t len = 0;
+  // "1.2.3.4:5678" or "[::1]:5678".
+  std::string str() const;
+  static SockAddr parse(const std::string& host_port);
+  int port() const;
+  void setPort(int port);
+};
+
+// The address to listen on: `preference` is an interface name ("eth0"), an
+// address ("10.0.0.3"), or empty; empty picks the address this host uses to
+// reach `peer_hint` (the store's host), else the first non-loopback IPv4
+// address, else loopback. Throws kConfig for an unknown interface.
+SockAddr chooseListenAddress(const std::string& preference, const std::string& peer_hint);
+
+// A listening socket on `addr` with an ephemeral port (written back).
+Fd listenOn(SockAddr* addr);
+// Connects, retrying refused connections until the deadline.
+Fd connectTo(const SockAddr& addr, const Deadline& deadline);
+// Accepts one connection, waiting at most until the deadline (-1 if none).
+Fd acceptOne(int listen_fd, const Deadline& deadline);
+
+void setNonBlocking(int fd, bool on);
+void setNoDelay(int fd);
+
+// Blocking transfers (handshakes): whole buffers or throw (kComm/kTimeout).
+void sendAll(int fd, const void* buf, size_t n, const Deadline& deadline);
+void recvAll(int fd, void* buf, size_t n, const Deadline& deadline);
+
+} // namespace smddp::transport

@@ -1,0 +1,209 @@
+// The multi-node schedules (hierarchical and flat ring) over emulated nodes:
+// forked ranks, a real arena per node and real sockets on loopback. Every
+// op, several shapes and sizes, exact results (integer-valued floats), and
+// both schedules give the same bits on integers.
+#include <cstring>
+#include <map>
+
+#include "algorithm/communicator.h"
+#include "harness.h"
+#include "topology/topology.h"
+
+using namespace smddp;
+using algorithm::OpArgs;
+
+namespace {
+
+Config configWith(std::map<std::string, std::string> env) {
+  env.emplace("SMDDP_SHM_SLOT_BYTES", "4096");
+  env.emplace("SMDDP_CHUNK_BYTES", "4096");
+  return Config::fromEnv([&](const char* name) -> const char* {
+    auto it = env.find(name);
+    return it == env.end() ? nullptr : it->second.c_str();
+  });
+}
+
+float value(int rank, size_t i) {
+  return static_cast<float>((rank * 131 + static_cast<int>(i % 1009) * 7) % 2003);
+}
+
+bool runOps(int rank, int world, algorithm::Communicator& comm, uint64_t& seq) {
+  const size_t sizes[] = {0, 1, 5, 1000, 4099, 3 * 4096 + 7};
+  bool ok = true;
+  auto bad = [&](const std::string& what) {
+    ::smddp::test::fail(__FILE__, __LINE__, str("rank ", rank, ": ", what));
+    ok = false;
+  };
+  for (size_t n : sizes) {
+    Deadline dl = Deadline::after(std::chrono::seconds(30));
+    {  // AllGather
+      std::vector<float> in(n), out(n * static_cast<size_t>(world), -1.f);
+      for (size_t i = 0; i < n; ++i) {
+        in[i] = value(rank, i);
+      }
+      OpArgs a;
+      a.kind = CollectiveKind::kAllGather;
+      a.reduce.dtype = DataType::kFloat32;
+      a.in = in.data();
+      a.out = out.data();
+      a.count = n;
+      a.seq = seq++;
+      a.deadline = dl;
+      comm.allGather(a);
+      for (int r = 0; r < world && ok; ++r) {
+        for (size_t i = 0; i < n; ++i) {
+          if (out[static_cast<size_t>(r) * n + i] != value(r, i)) {
+            bad(str("allgather n=", n, " block ", r, " elem ", i, ": ", out[static_cast<size_t>(r) * n + i]));
+            break;
+          }
+        }
+      }
+    }
+    {  // ReduceScatter SUM and AVG
+      for (ReduceOp op : {ReduceOp::kSum, ReduceOp::kAvg}) {
+        std::vector<float> in(n * static_cast<size_t>(world)), out(n, -1.f);
+        for (size_t i = 0; i < in.size(); ++i) {
+          in[i] = value(rank, i);
+        }
+        OpArgs a;
+        a.kind = CollectiveKind::kReduceScatter;
+        a.reduce = {DataType::kFloat32, op, 1.0, static_cast<double>(world)};
+        a.in = in.data();
+        a.out = out.data();
+        a.count = n;
+        a.seq = seq++;
+        a.deadline = dl;
+        comm.reduceScatter(a);
+        for (size_t i = 0; i < n; ++i) {
+          float want = 0;
+          for (int r = 0; r < world; ++r) {
+            want += value(r, static_cast<size_t>(rank) * n + i);
+          }
+          if (op == ReduceOp::kAvg) {
+            want /= static_cast<float>(world);
+          }
+          if (std::abs(out[i] - want) > 1e-3f * std::abs(want)) {
+            bad(str("reduce_scatter ", reduceOpName(op), " n=", n, " elem ", i, ": ", out[i], " vs ", want));
+            break;
+          }
+        }
+      }
+    }
+    {  // AllReduce in place, int64 SUM (exact) and float MAX
+      std::vector<int64_t> t(n);
+      for (size_t i = 0; i < n; ++i) {
+        t[i] = static_cast<int64_t>(value(rank, i)) * 1000003;
+      }
+      OpArgs a;
+      a.kind = CollectiveKind::kAllReduce;
+      a.reduce = {DataType::kInt64, ReduceOp::kSum, 1.0, static_cast<double>(world)};
+      a.in = t.data();
+      a.out = t.data();
+      a.count = n;
+      a.seq = seq++;
+      a.deadline = dl;
+      comm.allReduce(a);
+      for (size_t i = 0; i < n; ++i) {
+        int64_t want = 0;
+        for (int r = 0; r < world; ++r) {
+          want += static_cast<int64_t>(value(r, i)) * 1000003;
+        }
+        if (t[i] != want) {
+          bad(str("allreduce n=", n, " elem ", i, ": ", t[i], " vs ", want));
+          break;
+        }
+      }
+    }
+    {  // Broadcast from every root
+      for (int root = 0; root < world; ++root) {
+        std::vector<float> t(n);
+        for (size_t i = 0; i < n; ++i) {
+          t[i] = value(rank, i);
+        }
+        OpArgs a;
+        a.kind = CollectiveKind::kBroadcast;
+        a.reduce.dtype = DataType::kFloat32;
+        a.in = t.data();
+        a.out = t.data();
+        a.count = n;
+        a.root = root;
+        a.seq = seq++;
+        a.deadline = dl;
+        comm.broadcast(a);
+        for (size_t i = 0; i < n; ++i) {
+          if (t[i] != value(root, i)) {
+            bad(str("broadcast root ", root, " n=", n, " elem ", i));
+            break;
+          }
+        }
+      }
+    }
+    OpArgs b;
+    b.kind = CollectiveKind::kBarrier;
+    b.seq = seq++;
+    b.deadline = dl;
+    comm.barrier(b);
+  }
+  return ok;
+}
+
+void runShape(int nodes, int per_node, std::map<std::string, std::string> env, const std::string& expect) {
+  const int world = nodes * per_node;
+  std::string dir = ::smddp::test::tempDir();
+  ::smddp::test::runRanks(
+      world,
+      [&](int rank) {
+        ::smddp::test::DirStore store(dir);
+        Config cfg = configWith(env);
+        std::vector<std::string> keys;
+        for (int r = 0; r < world; ++r) {
+          keys.push_back(topology::nodeKey("host", r, per_node));
+        }
+        topology::Topology topo(rank, keys);
+        algorithm::NetOptions net;
+        net.store_host = "127.0.0.1";
+        auto comm = algorithm::createCommunicator(store, topo, cfg, net, std::chrono::seconds(30));
+        if (comm->describe().find(expect) != 0) {
+          ::smddp::test::fail(__FILE__, __LINE__, str("expected a ", expect, " communicator, got ", comm->describe()));
+        }
+        uint64_t seq = 0;
+        runOps(rank, world, *comm, seq);
+      },
+      std::chrono::seconds(120));
+}
+
+} // namespace
+
+SMDDP_TEST(hierarchical_shapes) {
+  for (auto [nodes, per] : std::vector<std::pair<int, int>>{{2, 1}, {2, 2}, {2, 3}, {3, 2}}) {
+    std::fprintf(stderr, "  %dx%d\n", nodes, per);
+    runShape(nodes, per, {}, "hierarchical");
+  }
+}
+
+SMDDP_TEST(flat_ring_shapes) {
+  for (auto [nodes, per] : std::vector<std::pair<int, int>>{{2, 2}, {3, 2}, {4, 1}}) {
+    std::fprintf(stderr, "  %dx%d\n", nodes, per);
+    runShape(nodes, per, {{"SMDDP_ALGO", "ring"}}, "ring (shm+tcp)");
+  }
+}
+
+SMDDP_TEST(sockets_only) {
+  runShape(1, 3, {{"SMDDP_SHM", "0"}, {"SMDDP_SOCKET_STREAMS", "1"}}, "ring (tcp)");
+  runShape(1, 3, {{"SMDDP_SHM", "0"}}, "ring (tcp)");
+  runShape(2, 2, {{"SMDDP_SHM", "0"}, {"SMDDP_SOCKET_STREAMS", "3"}}, "ring (tcp)");
+}
+
+SMDDP_TEST(non_uniform_falls_back_to_the_ring) {
+  std::string dir = ::smddp::test::tempDir();
+  ::smddp::test::runRanks(3, [&](int rank) {
+    ::smddp::test::DirStore store(dir);
+    Config cfg = configWith({});
+    topology::Topology topo(rank, {"a", "a", "b"});
+    algorithm::NetOptions net;
+    auto comm = algorithm::createCommunicator(store, topo, cfg, net, std::chrono::seconds(30));
+    EXPECT_TRUE(comm->describe().find("ring") == 0);
+    uint64_t seq = 0;
+    runOps(rank, 3, *comm, seq);
+  });
+}
