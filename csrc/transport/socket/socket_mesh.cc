@@ -371,6 +371,11 @@ SocketMesh::SocketMesh(
     const Options& options) {
   const Deadline deadline = Deadline::after(options.timeout);
   const int streams = std::max(1, options.streams);
+  SockAddr addr = chooseListenAddress(options.interface, options.peer_hint);
+  Fd listener = listenOn(&addr);
+  listen_address_ = addr.str();
+  store.set(str(key, "/addr/", rank), toBytes(listen_address_));
+
   SipKey secret;
   if (rank == 0) {
     randomBytes(&secret, sizeof(secret));
@@ -382,11 +387,6 @@ SocketMesh::SocketMesh(
     SMDDP_ASSERT(bytes.size() == sizeof(secret), "bad secret size");
     std::memcpy(&secret, bytes.data(), sizeof(secret));
   }
-
-  SockAddr addr = chooseListenAddress(options.interface, options.peer_hint);
-  Fd listener = listenOn(&addr);
-  listen_address_ = addr.str();
-  store.set(str(key, "/addr/", rank), toBytes(listen_address_));
 
   std::set<int> lower;
   std::vector<int> higher;

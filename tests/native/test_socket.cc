@@ -1,0 +1,211 @@
+// The socket transport: SipHash against its published vector, the frame
+// parser on malformed input, a mesh whose listener is probed by strangers
+// during set-up, messages both ways, and the errors a peer causes (wrong
+// size, abort, exit).
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <cstring>
+#include <random>
+#include <thread>
+
+#include "harness.h"
+#include "transport/socket/frame.h"
+#include "transport/socket/siphash.h"
+#include "transport/socket/socket_mesh.h"
+
+using namespace smddp;
+using namespace smddp::transport;
+
+SMDDP_TEST(siphash_reference_vectors) {
+  // Key 00..0f; messages 00..(n-1) (Aumasson and Bernstein, appendix A).
+  SipKey key;
+  uint8_t k[16];
+  for (int i = 0; i < 16; ++i) {
+    k[i] = static_cast<uint8_t>(i);
+  }
+  std::memcpy(&key.k0, k, 8);
+  std::memcpy(&key.k1, k + 8, 8);
+  uint8_t msg[15];
+  for (int i = 0; i < 15; ++i) {
+    msg[i] = static_cast<uint8_t>(i);
+  }
+  EXPECT_EQ(siphash24(key, msg, 0), 0x726fdb47dd0e0e31ull);
+  EXPECT_EQ(siphash24(key, msg, 15), 0xa129ca6149be45e5ull);
+}
+
+SMDDP_TEST(frame_parser_rejects_malformed_headers) {
+  SipKey key{1, 2};
+  FrameHeader h;
+  h.type = FrameType::kData;
+  h.seq = 7;
+  h.call = 99;
+  h.from = 3;
+  h.length = 1 << 20;
+  uint8_t buf[kFrameHeaderBytes];
+  encodeFrameHeader(h, key, buf);
+  FrameHeader out;
+  EXPECT_EQ(decodeFrameHeader(buf, key, &out), std::string());
+  EXPECT_EQ(out.seq, uint64_t{7});
+  EXPECT_EQ(out.length, uint64_t{1} << 20);
+
+  // Every single-byte corruption is caught (magic, version, fields, check).
+  for (size_t i = 0; i < kFrameHeaderBytes; ++i) {
+    uint8_t bad[kFrameHeaderBytes];
+    std::memcpy(bad, buf, sizeof(bad));
+    bad[i] ^= 0x40;
+    EXPECT_TRUE(!decodeFrameHeader(bad, key, &out).empty());
+  }
+  // A header made with another key: not from this group.
+  EXPECT_TRUE(decodeFrameHeader(buf, SipKey{1, 3}, &out).find("check") != std::string::npos);
+  // An abort frame that claims a huge message is refused before any read.
+  h.type = FrameType::kAbort;
+  h.length = kMaxAbortBytes + 1;
+  encodeFrameHeader(h, key, buf);
+  EXPECT_TRUE(decodeFrameHeader(buf, key, &out).find("abort message") != std::string::npos);
+  // Random junk never parses.
+  std::mt19937 rng(5);
+  for (int i = 0; i < 10000; ++i) {
+    for (auto& b : buf) {
+      b = static_cast<uint8_t>(rng());
+    }
+    EXPECT_TRUE(!decodeFrameHeader(buf, key, &out).empty());
+  }
+}
+
+namespace {
+
+// Connects to `addr` and sends junk, as a stranger on the network would.
+void stranger(const std::string& addr, int variant) {
+  try {
+    Fd c = connectTo(SockAddr::parse(addr), Deadline::after(std::chrono::seconds(5)));
+    if (variant == 0) {
+      const char junk[] = "GET / HTTP/1.0\r\n\r\n";
+      ::send(c.get(), junk, sizeof(junk), MSG_NOSIGNAL);
+    } else if (variant == 1) {
+      std::vector<uint8_t> junk(4096, 0xff);
+      ::send(c.get(), junk.data(), junk.size(), MSG_NOSIGNAL);
+    }
+    // variant 2: connects and says nothing (until the handshake times out).
+    std::this_thread::sleep_for(std::chrono::milliseconds(variant == 2 ? 300 : 50));
+  } catch (const Error&) {
+  }
+}
+
+} // namespace
+
+SMDDP_TEST(strangers_are_dropped_and_peers_talk) {
+  std::string dir = ::smddp::test::tempDir();
+  ::smddp::test::runRanks(2, [&](int rank) {
+    ::smddp::test::DirStore store(dir);
+    SocketMesh::Options o;
+    o.peer_hint = "127.0.0.1";
+    o.streams = 2;
+    o.timeout = std::chrono::seconds(20);
+    if (rank == 1) {
+      // Rank 1 listens; strangers knock before rank 0 connects.
+      std::thread t([&] {
+        std::string addr = toString(store.get("mesh/addr/1"));
+        for (int v = 0; v < 3; ++v) {
+          stranger(addr, v);
+        }
+        store.set("strangers-done", {1});
+      });
+      SocketMesh mesh(store, "mesh", 1, {0}, o);
+      t.join();
+      SocketChannel& ch = mesh.channel(0);
+      std::vector<uint32_t> in(1000), out(3000, 7);
+      for (size_t i = 0; i < in.size(); ++i) {
+        in[i] = static_cast<uint32_t>(i * 3);
+      }
+      MessageTag tag{1, 42};
+      ch.postRecv(out.data(), out.size() * 4, tag);
+      ch.postSend(in.data(), in.size() * 4, tag);
+      drive({&ch}, nullptr, [&] { return ch.sendsDone() == 1 && ch.recvsDone() == 1; },
+            Deadline::after(std::chrono::seconds(10)), DriveOptions{});
+      for (size_t i = 0; i < out.size(); ++i) {
+        EXPECT_EQ(out[i], static_cast<uint32_t>(i + 1));
+      }
+    } else {
+      store.get("strangers-done");
+      SocketMesh mesh(store, "mesh", 0, {1}, o);
+      SocketChannel& ch = mesh.channel(1);
+      std::vector<uint32_t> in(3000), out(1000, 0);
+      for (size_t i = 0; i < in.size(); ++i) {
+        in[i] = static_cast<uint32_t>(i + 1);
+      }
+      MessageTag tag{1, 42};
+      ch.postSend(in.data(), in.size() * 4, tag);
+      ch.postRecv(out.data(), out.size() * 4, tag);
+      drive({&ch}, nullptr, [&] { return ch.sendsDone() == 1 && ch.recvsDone() == 1; },
+            Deadline::after(std::chrono::seconds(10)), DriveOptions{});
+      EXPECT_EQ(out[999], 2997u);
+    }
+  });
+}
+
+SMDDP_TEST(peer_errors_are_reported) {
+  std::string dir = ::smddp::test::tempDir();
+  ::smddp::test::runRanks(2, [&](int rank) {
+    ::smddp::test::DirStore store(dir);
+    SocketMesh::Options o;
+    o.peer_hint = "127.0.0.1";
+    SocketMesh mesh(store, "mesh", rank, {1 - rank}, o);
+    SocketChannel& ch = mesh.channel(1 - rank);
+    auto run = [&](size_t bytes, uint32_t call) {
+      std::vector<uint8_t> in(bytes), out(bytes);
+      ch.postSend(in.data(), in.size(), MessageTag{5, call});
+      ch.postRecv(out.data(), out.size(), MessageTag{5, call});
+      drive({&ch}, nullptr, [&] { return ch.sendsDone() == 1 && ch.recvsDone() == 1; },
+            Deadline::after(std::chrono::seconds(5)), DriveOptions{});
+    };
+    // The ranks disagree on the size: each receiver names both sizes.
+    EXPECT_THROWS(run(rank == 0 ? 100 : 200, 9), kMismatch,
+                  rank == 0 ? "sent a message of 200 bytes" : "sent a message of 100 bytes");
+  });
+  dir = ::smddp::test::tempDir();
+  ::smddp::test::runRanks(
+      2,
+      [&](int rank) {
+        ::smddp::test::DirStore store(dir);
+        SocketMesh::Options o;
+        o.peer_hint = "127.0.0.1";
+        SocketMesh mesh(store, "mesh", rank, {1 - rank}, o);
+        SocketChannel& ch = mesh.channel(1 - rank);
+        if (rank == 1) {
+          ch.sendAbort("it ran out of memory");
+          store.set("aborted", {1});
+          return;
+        }
+        store.get("aborted");
+        std::vector<uint8_t> out(16);
+        ch.postRecv(out.data(), out.size(), MessageTag{1, 1});
+        EXPECT_THROWS(
+            drive({&ch}, nullptr, [&] { return ch.recvsDone() == 1; }, Deadline::after(std::chrono::seconds(5)),
+                  DriveOptions{}),
+            kAborted, "rank 1 (other node) failed: it ran out of memory");
+      });
+  dir = ::smddp::test::tempDir();
+  ::smddp::test::runRanks(
+      2,
+      [&](int rank) {
+        ::smddp::test::DirStore store(dir);
+        SocketMesh::Options o;
+        o.peer_hint = "127.0.0.1";
+        SocketMesh mesh(store, "mesh", rank, {1 - rank}, o);
+        if (rank == 1) {
+          ::_exit(0);  // gone without a word
+        }
+        SocketChannel& ch = mesh.channel(1);
+        std::vector<uint8_t> out(16);
+        ch.postRecv(out.data(), out.size(), MessageTag{1, 1});
+        auto t0 = std::chrono::steady_clock::now();
+        EXPECT_THROWS(
+            drive({&ch}, nullptr, [&] { return ch.recvsDone() == 1; }, Deadline::after(std::chrono::seconds(20)),
+                  DriveOptions{}),
+            kPeerLost, "rank 1");
+        EXPECT_TRUE(std::chrono::steady_clock::now() - t0 < std::chrono::seconds(2));
+      },
+      std::chrono::seconds(30),
+      [](int rank) { return rank == 1; });
+}
