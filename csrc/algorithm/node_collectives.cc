@@ -151,7 +151,7 @@ void NodeCollectives::allGatherStaged(const OpArgs& args) {
     const size_t off = t * slot;
     const size_t n = std::min(slot, b - std::min(b, off));
     const uint32_t parity = arena_.phase() + 1;
-    std::memcpy(arena_.slot(me, parity), in + off, n);
+    copyBytes(arena_.slot(me, parity), in + off, n);
     round(args.deadline);
     if (t == 0) {
       verifyDescs(args);
@@ -161,7 +161,7 @@ void NodeCollectives::allGatherStaged(const OpArgs& args) {
       uint8_t* dst = out + static_cast<size_t>(l) * b + off;
       const uint8_t* src = l == me ? in + off : arena_.slot(l, parity);
       if (dst != src) {
-        std::memcpy(dst, src, n);
+        copyBytes(dst, src, n);
       }
     }
   }
@@ -218,7 +218,7 @@ void NodeCollectives::reduceScatterStaged(const OpArgs& args) {
     uint8_t* mine = arena_.slot(me, parity);
     for (int j = 0; j < L; ++j) {
       if (j != me) {
-        std::memcpy(mine + static_cast<size_t>(j) * chunk * es,
+        copyBytes(mine + static_cast<size_t>(j) * chunk * es,
                     in + (static_cast<size_t>(j) * args.count + off) * es,
                     n * es);
       }
@@ -317,7 +317,7 @@ void NodeCollectives::allReduceStaged(const OpArgs& args) {
     const size_t off = t * chunk;
     const size_t n = std::min(chunk, args.count - std::min(args.count, off));
     const uint32_t parity = arena_.phase() + 1;
-    std::memcpy(arena_.slot(me, parity), in + off * es, n * es);
+    copyBytes(arena_.slot(me, parity), in + off * es, n * es);
     round(args.deadline);
     if (t == 0) {
       verifyDescs(args);
@@ -394,7 +394,7 @@ void NodeCollectives::broadcast(const OpArgs& args) {
     const size_t n = std::min(slot, b - std::min(b, off));
     const uint32_t parity = arena_.phase() + 1;
     if (me == args.root) {
-      std::memcpy(arena_.slot(me, parity), in + off, n);
+      copyBytes(arena_.slot(me, parity), in + off, n);
     }
     round(args.deadline);
     if (t == 0) {
@@ -402,10 +402,10 @@ void NodeCollectives::broadcast(const OpArgs& args) {
     }
     if (me == args.root) {
       if (out + off != in + off) {
-        std::memcpy(out + off, in + off, n);
+        copyBytes(out + off, in + off, n);
       }
     } else {
-      std::memcpy(out + off, arena_.slot(args.root, parity), n);
+      copyBytes(out + off, arena_.slot(args.root, parity), n);
     }
   }
 }

@@ -14,6 +14,7 @@
 
 #include <cstddef>
 
+#include "common/copy.h"
 #include "common/types.h"
 
 namespace smddp::algorithm {
@@ -51,8 +52,5 @@ const char* reduceKernelIsa();
 
 // Forces a kernel set (tests compare them); "auto" restores the default.
 void setReduceKernelIsa(const char* isa);
-
-// Copies with non-temporal stores above a size where that pays.
-void copyBytes(void* dst, const void* src, size_t bytes);
 
 } // namespace smddp::algorithm

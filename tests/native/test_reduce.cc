@@ -245,7 +245,7 @@ void checkAll(const char* isa) {
           std::vector<uint8_t> out(count * elementSize(t) + 1, 0xAB);
           algorithm::reduce(spec, out.data(), ptrs.data(), nsrc, count, true, true);
           auto want = reference(spec, srcs, count);
-          bool same = std::memcmp(out.data(), want.data(), want.size()) == 0;
+          bool same = want.empty() || std::memcmp(out.data(), want.data(), want.size()) == 0;
           if (!same) {
             ::smddp::test::fail(__FILE__, __LINE__,
                                 str(isa, ": ", dataTypeName(t), " ", reduceOpName(op), " count ", count, " nsrc ",

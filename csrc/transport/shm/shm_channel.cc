@@ -2,6 +2,7 @@
 
 #include <cstring>
 
+#include "common/copy.h"
 #include "common/error.h"
 
 namespace smddp::transport {
@@ -53,7 +54,7 @@ bool ShmChannel::progress() {
       h.offset = op.off;
       h.length = n;
       std::memcpy(slot, &h, sizeof(h));
-      std::memcpy(slot + sizeof(h), op.src + op.off, n);
+      copyBytes(slot + sizeof(h), op.src + op.off, n);
       op.off += n;
       op.all_written = op.off == op.bytes;
       op.last_piece = ++pieces_sent_;
@@ -105,7 +106,7 @@ bool ShmChannel::progress() {
           "). Every rank of a group must make the same collective calls in the same order, "
           "with the same sizes, dtypes and reduce ops");
     }
-    std::memcpy(op.dst + op.off, slot + sizeof(h), h.length);
+    copyBytes(op.dst + op.off, slot + sizeof(h), h.length);
     op.off += h.length;
     ++pieces_received_;
     out.acked.store(pieces_received_, std::memory_order_release);
