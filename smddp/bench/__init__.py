@@ -1,0 +1,49 @@
+"""smddp-bench: smddp against its rival, side by side, and the cost model.
+
+    smddp-bench                          # smddp vs gloo (nccl on GPUs), nccl-tests style
+    smddp-bench model --preset p4d       # flat ring vs smddp's hierarchy at 16-128 nodes
+    python -m smddp.bench --help
+
+The functions below are the pieces the command is made of, for scripts and
+notebooks: size parsing, nccl-tests' size and bandwidth definitions, and the
+cost model.
+"""
+
+from __future__ import annotations
+
+from smddp.bench.cli import main, parse_run_args
+from smddp.bench.model import (
+    PRESETS,
+    Estimate,
+    Machine,
+    estimate,
+    fit_alpha_beta,
+    hierarchical_time,
+    ring_time,
+)
+from smddp.bench.ops import OPS, Geometry, algbw_gbs, bus_factor, busbw_gbs, geometry
+from smddp.bench.sweep import SweepSettings
+from smddp.bench.units import format_size, parse_size, parse_size_list, size_range
+
+__all__ = [
+    "OPS",
+    "PRESETS",
+    "Estimate",
+    "Geometry",
+    "Machine",
+    "SweepSettings",
+    "algbw_gbs",
+    "bus_factor",
+    "busbw_gbs",
+    "estimate",
+    "fit_alpha_beta",
+    "format_size",
+    "geometry",
+    "hierarchical_time",
+    "main",
+    "parse_run_args",
+    "parse_size",
+    "parse_size_list",
+    "ring_time",
+    "size_range",
+]

@@ -1,0 +1,84 @@
+"""Byte sizes as nccl-tests spells them: ``4K``, ``256M``, ``1G`` (powers of 1024).
+
+Plain integers are bytes. ``B``, ``KB``/``KiB`` etc. are accepted as the same
+binary units, because that is what people type after reading nccl-tests output.
+"""
+
+from __future__ import annotations
+
+import argparse
+import math
+import re
+
+_UNITS = {"": 1, "K": 1 << 10, "M": 1 << 20, "G": 1 << 30, "T": 1 << 40}
+_SIZE_RE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([KMGT]?)(?:I?B)?\s*$", re.IGNORECASE)
+
+# A sweep longer than this is almost certainly a typo (-f 1.0001, -i 1).
+MAX_POINTS = 4096
+
+
+def parse_size(text: str) -> int:
+    """``"4K"`` -> 4096. Raises ValueError naming the text if it is not a size."""
+    m = _SIZE_RE.match(str(text))
+    if not m:
+        raise ValueError(f"not a size: {text!r} (expected bytes such as 4096, 4K, 16M, 1G)")
+    value = float(m.group(1)) * _UNITS[m.group(2).upper()]
+    if value != math.floor(value):
+        raise ValueError(f"not a whole number of bytes: {text!r}")
+    return int(value)
+
+
+def parse_size_list(text: str) -> list[int]:
+    """``"1M,16M"`` -> [1048576, 16777216]; sizes must be positive."""
+    parts = [p for p in str(text).split(",") if p.strip()]
+    if not parts:
+        raise ValueError(f"empty size list: {text!r}")
+    sizes = [parse_size(p) for p in parts]
+    for p, s in zip(parts, sizes):
+        if s <= 0:
+            raise ValueError(f"sizes must be positive: {p.strip()!r}")
+    return sizes
+
+
+def size_range(minbytes: int, maxbytes: int, factor: float = 2, step: int = 0) -> list[int]:
+    """The sizes nccl-tests sweeps for ``-b min -e max -f factor`` (or ``-i step``).
+
+    A step in bytes, when given, wins over the factor, as in nccl-tests.
+    """
+    if minbytes <= 0:
+        raise ValueError(f"the smallest size must be positive, got {minbytes}")
+    if maxbytes < minbytes:
+        raise ValueError(
+            f"the largest size ({format_size(maxbytes)}) is below the smallest "
+            f"({format_size(minbytes)})"
+        )
+    if step < 0:
+        raise ValueError(f"the step in bytes must be positive, got {step}")
+    if not step and factor <= 1:
+        raise ValueError(f"the step factor must be above 1, got {factor}")
+    sizes: list[int] = []
+    size = minbytes
+    while size <= maxbytes:
+        sizes.append(size)
+        if len(sizes) > MAX_POINTS:
+            raise ValueError(f"more than {MAX_POINTS} sizes from {minbytes} to {maxbytes}")
+        size = size + step if step else max(size + 1, int(size * factor))
+    return sizes
+
+
+def format_size(nbytes: int) -> str:
+    """4096 -> ``"4K"``; sizes that are not whole units stay in bytes."""
+    for suffix in ("T", "G", "M", "K"):
+        unit = _UNITS[suffix]
+        if nbytes >= unit and nbytes % unit == 0:
+            return f"{nbytes // unit}{suffix}"
+    return str(nbytes)
+
+
+class HelpFormatter(argparse.ArgumentDefaultsHelpFormatter):
+    """Shows defaults, except the ones that only mean "decided later"."""
+
+    def _get_help_string(self, action: argparse.Action) -> str:
+        if action.default in (None, False) or "[" in (action.help or ""):
+            return action.help or ""
+        return super()._get_help_string(action)

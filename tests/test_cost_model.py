@@ -1,0 +1,182 @@
+"""The cost model against numbers worked out by hand from the formulas of
+bench/README.md ("Cost model"), with round constants:
+
+    intra-node bandwidth B_nv = 100 GB/s, alpha_intra = 1 us
+    network: 1 NIC of 80 Gb/s, efficiency 1 -> B_net = 10 GB/s per node,
+             alpha_inter = 10 us
+    smddp pipeline chunk 1,000,000 bytes; size S = 8,000,000 bytes
+"""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+
+from smddp.bench import model
+from smddp.bench.model import Machine, estimate, fit_alpha_beta, hierarchical_time, ring_time
+
+US = 1e-6
+S = 8_000_000
+
+
+def machine(gpus_per_node: int, **kw) -> Machine:
+    base = dict(
+        name="test",
+        gpus_per_node=gpus_per_node,
+        nvlink_gbs=100.0,
+        nics=1,
+        nic_gbps=80.0,
+        net_efficiency=1.0,
+        alpha_intra_us=1.0,
+        alpha_inter_us=10.0,
+        chunk_bytes=1_000_000,
+    )
+    base.update(kw)
+    return Machine(**base)
+
+
+def test_one_node_is_a_ring_over_nvswitch():
+    # G=2, N=1: one step of S/2 = 4e6 B at 100 GB/s = 40 us, plus 1 us.
+    m = machine(2)
+    for op in ("all_gather", "reduce_scatter"):
+        assert ring_time(op, S, 1, m) == pytest.approx(41 * US)
+        assert hierarchical_time(op, S, 1, m) == pytest.approx(41 * US)
+    assert ring_time("all_reduce", S, 1, m) == pytest.approx(82 * US)
+    e = estimate("all_gather", S, 1, m)
+    # busbw = S / t * (P-1)/P = 8e6 / 41e-6 / 1e9 * 1/2 = 97.56 GB/s
+    assert e.ring_busbw_gbs == pytest.approx(97.5609756, rel=1e-6)
+    assert e.ratio == pytest.approx(1.0)
+
+
+def test_one_rank_per_node_is_a_ring_over_the_network():
+    # G=1, N=2: the GPU owns the whole NIC (10 GB/s): 10 us + 4e6 B / 10 GB/s = 410 us.
+    m = machine(1)
+    assert ring_time("all_gather", S, 2, m) == pytest.approx(410 * US)
+    assert hierarchical_time("all_gather", S, 2, m) == pytest.approx(410 * US)
+    assert hierarchical_time("all_reduce", S, 2, m) == pytest.approx(820 * US)
+
+
+def test_two_nodes_of_two():
+    m = machine(2)
+    # Flat ring, P=4: latency 2 intra steps + 1 inter step = 12 us; 3 steps of
+    # 2e6 B at min(100, 2 rings x 5 GB/s share) = 10 GB/s = 600 us -> 612 us.
+    assert ring_time("all_gather", S, 2, m) == pytest.approx(612 * US)
+    # smddp: rail 10 + 2e6/5e9 = 410 us; node 1 + 4e6/100e9 = 41 us;
+    # k = ceil(4e6 / 1e6) = 4 chunks; 410 + 1 + 40/4 = 421 us.
+    assert hierarchical_time("all_gather", S, 2, m) == pytest.approx(421 * US)
+    assert hierarchical_time("reduce_scatter", S, 2, m) == pytest.approx(421 * US)
+    assert ring_time("all_reduce", S, 2, m) == pytest.approx(1224 * US)
+    assert hierarchical_time("all_reduce", S, 2, m) == pytest.approx(842 * US)
+    e = estimate("all_gather", S, 2, m)
+    assert e.gpus == 4
+    assert e.ratio == pytest.approx(612 / 421)
+    # busbw = 8e6 / 421e-6 / 1e9 * 3/4 = 14.2518 GB/s; ring 8e6/612e-6/1e9*3/4 = 9.8039
+    assert e.hier_busbw_gbs == pytest.approx(14.2517815, rel=1e-6)
+    assert e.ring_busbw_gbs == pytest.approx(9.8039216, rel=1e-6)
+    e = estimate("all_reduce", S, 2, m)  # busbw factor 2*3/4
+    assert e.hier_busbw_gbs == pytest.approx(8e6 / 842e-6 / 1e9 * 1.5)
+
+
+def test_one_ring_is_limited_by_one_nic_share():
+    # A single ring crosses each node boundary through one GPU's share (5 GB/s):
+    # 12 us + 3 * 2e6 / 5e9 = 1212 us.
+    assert ring_time("all_gather", S, 2, machine(2, ring_channels=1)) == pytest.approx(1212 * US)
+
+
+def test_slow_node_stage_dominates_the_pipeline():
+    # B_nv = 1 GB/s: node stage 1 + 4e6/1e9 = 4001 us is the slower stage; the
+    # rail stage adds its latency and one chunk: 4001 + 10 + 400/4 = 4111 us.
+    m = machine(2, nvlink_gbs=1.0)
+    assert hierarchical_time("all_gather", S, 2, m) == pytest.approx(4111 * US)
+    # Flat ring: every step at min(1, 10) GB/s: 12 + 3 * 2000 = 6012 us.
+    assert ring_time("all_gather", S, 2, m) == pytest.approx(6012 * US)
+
+
+def test_presets():
+    p4d = model.PRESETS["p4d"]
+    assert p4d.node_net_gbps == pytest.approx(340.0)  # 4 x 100 Gb/s x 0.85
+    assert p4d.nic_share_gbs == pytest.approx(5.3125)
+    assert p4d.nvlink_gbs == 300.0 and p4d.gpus_per_node == 8 and p4d.channels == 8
+    p5 = model.PRESETS["p5"]
+    assert p5.nvlink_gbs == 450.0 and p5.nics == 32
+    # p4d, AllGather of 64 MiB on 16 nodes (P=128, block 524288 B):
+    # ring = 112*3.4 + 15*14 + 127*524288/42.5e9 s = 590.8 + 1566.7 us
+    t = ring_time("all_gather", 64 << 20, 16, p4d)
+    assert t == pytest.approx((590.8 + 127 * 524288 / 42.5e9 / US) * US)
+    # smddp: rail 15*14 + 15*524288/5.3125e9 s; node 7*3.4 + 7*16*524288/300e9 s;
+    # 8 chunks of 1 MiB per GPU; the rail stage is the slower one.
+    rail = 210 * US + 15 * 524288 / 5.3125e9
+    node_lat, node_bw = 23.8 * US, 7 * 16 * 524288 / 300e9
+    assert hierarchical_time("all_gather", 64 << 20, 16, p4d) == pytest.approx(
+        rail + node_lat + node_bw / 8
+    )
+
+
+def test_errors():
+    with pytest.raises(ValueError):
+        ring_time("broadcast", S, 2, machine(2))
+    with pytest.raises(ValueError):
+        hierarchical_time("all_gather", S, 0, machine(2))
+
+
+def test_fit_recovers_alpha_and_beta():
+    sizes = [4096 * 4**i for i in range(8)]
+    alpha, beta = 25e-6, 3e9
+    a, b = fit_alpha_beta(sizes, [alpha + s / beta for s in sizes])
+    assert a == pytest.approx(alpha, rel=1e-6) and b == pytest.approx(beta, rel=1e-6)
+    noisy = [(alpha + s / beta) * (1.05 if i % 2 else 0.95) for i, s in enumerate(sizes)]
+    a, b = fit_alpha_beta(sizes, noisy)
+    assert a == pytest.approx(alpha, rel=0.2) and b == pytest.approx(beta, rel=0.2)
+    a, b = fit_alpha_beta([1, 2, 3], [1e-3, 1e-3, 1e-3])
+    assert a == pytest.approx(1e-3) and math.isinf(b)
+
+
+def test_command(capsys):
+    assert model.main(["--preset", "p4d", "--nodes", "16,128", "--sizes", "64M,256M"]) == 0
+    out = capsys.readouterr().out
+    rows = [line for line in out.splitlines() if line and not line.startswith("#")]
+    assert len(rows) == 3 * 2 * 2  # ops x nodes x sizes
+    assert "2157.5" in out  # the p4d AllGather ring time of test_presets, in us
+    assert (
+        model.main(
+            [
+                "--preset",
+                "p5",
+                "--nodes",
+                "2",
+                "-b",
+                "1M",
+                "-e",
+                "4M",
+                "--op",
+                "all_gather",
+                "--alpha-inter-us",
+                "20",
+                "--ring-channels",
+                "1",
+                "--chunk",
+                "4M",
+            ]
+        )
+        == 0
+    )
+    out = capsys.readouterr().out
+    assert "20 us across nodes" in out and "1 rings" in out and "chunk 4M" in out
+    assert len([line for line in out.splitlines() if not line.startswith("#")]) == 3
+
+
+@pytest.mark.parametrize(
+    "argv",
+    [
+        ["--preset", "p3"],
+        ["--nodes", "0"],
+        ["--sizes", "4Q"],
+        ["--op", "broadcast"],
+        ["--nvlink-gbs", "0"],
+    ],
+)
+def test_command_errors(argv, capsys):
+    with pytest.raises(SystemExit) as exc:
+        model.main(argv)
+    assert exc.value.code == 2
