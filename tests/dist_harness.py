@@ -112,7 +112,7 @@ class RankPool:
         self.alive = True
         self._collect("start-up", start_timeout)
 
-    def _collect(self, what: str, timeout: float) -> list[Any]:
+    def _collect(self, what: str, timeout: float, may_die: frozenset[int] = frozenset()) -> list[Any]:
         deadline = time.monotonic() + timeout
         results: list[Any] = [None] * self.world
         pending = set(range(self.world))
@@ -126,13 +126,14 @@ class RankPool:
                     except EOFError:
                         status, payload = "error", f"rank {rank} exited (code {self._procs[rank].exitcode})"
                     pending.discard(rank)
-                    if status == "error":
+                    if status == "error" and rank not in may_die:
                         errors[rank] = payload
-                    else:
+                    elif status != "error":
                         results[rank] = payload
                 elif not self._procs[rank].is_alive() and not conn.poll(0):
                     pending.discard(rank)
-                    errors[rank] = f"rank {rank} died (exit code {self._procs[rank].exitcode})"
+                    if rank not in may_die:
+                        errors[rank] = f"rank {rank} died (exit code {self._procs[rank].exitcode})"
             if pending and time.monotonic() > deadline:
                 self.kill()
                 raise TimeoutError(
@@ -147,8 +148,19 @@ class RankPool:
             )
         return results
 
-    def run(self, fn: Callable[..., Any], *args: Any, timeout: float = 120.0, **kwargs: Any) -> list[Any]:
-        """Runs ``fn(*args, **kwargs)`` in every rank; returns the results."""
+    def run(
+        self,
+        fn: Callable[..., Any],
+        *args: Any,
+        timeout: float = 120.0,
+        may_die: frozenset[int] | set[int] = frozenset(),
+        **kwargs: Any,
+    ) -> list[Any]:
+        """Runs ``fn(*args, **kwargs)`` in every rank; returns the results.
+
+        Ranks in ``may_die`` may exit or be killed on purpose (their result
+        is None); the pool is unusable afterwards.
+        """
         if not self.alive:
             raise RuntimeError("this rank pool was killed by an earlier failure")
         module = fn.__module__
@@ -157,7 +169,10 @@ class RankPool:
         for conn in self._conns:
             conn.send((module, fn.__name__, args, kwargs))
         try:
-            return self._collect(f"{fn.__name__}{args!r}", timeout)
+            results = self._collect(f"{fn.__name__}{args!r}", timeout, frozenset(may_die))
+            if may_die:
+                self.kill()
+            return results
         except RankFailure:
             # The group may be broken (a communication error is sticky):
             # don't reuse it.
@@ -197,12 +212,13 @@ def spawn_ranks(
     env: dict[str, str] | None = None,
     timeout: float = 180.0,
     backend: str = "smddp",
+    may_die: frozenset[int] | set[int] = frozenset(),
     **kwargs: Any,
 ) -> list[Any]:
     """One-shot: a fresh pool runs one case and is closed."""
     pool = RankPool(world, env=env, backend=backend)
     try:
-        return pool.run(fn, *args, timeout=timeout, **kwargs)
+        return pool.run(fn, *args, timeout=timeout, may_die=may_die, **kwargs)
     finally:
         pool.close()
 

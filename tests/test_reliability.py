@@ -1,0 +1,258 @@
+"""Failures anywhere become clear errors everywhere, quickly; nothing is left
+behind; nothing of a job is open to a stranger.
+
+Each case that breaks its group runs in a pool of its own (spawn_ranks):
+a broken group is unusable by design.
+"""
+
+from __future__ import annotations
+
+import glob
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+import torch
+import torch.distributed as dist
+
+from dist_harness import spawn_ranks
+
+EMULATED_2X2 = {"SMDDP_RANKS_PER_NODE": "2"}
+
+
+def _shm_entries() -> list[str]:
+    return sorted(glob.glob(f"/dev/shm/smddp-{os.getuid()}-*"))
+
+
+# ---------------------------------------------------------------- dead peer
+
+
+def case_victim_dies(victim: int, after: int, marker: str):
+    """All ranks loop over all_reduce; `victim` is SIGKILLed after `after`
+    iterations. Survivors return (seconds from the death to their error,
+    the error's class name, its message)."""
+    rank = dist.get_rank()
+    t = torch.ones(1 << 16)
+    for i in range(10_000):
+        if rank == victim and i == after:
+            with open(marker, "w") as f:
+                f.write(repr(time.time()))
+            os.kill(os.getpid(), signal.SIGKILL)
+        try:
+            dist.all_reduce(t)
+        except Exception as e:  # noqa: BLE001 - the point is which error
+            caught = time.time()
+            for _ in range(200):
+                if os.path.exists(marker):
+                    break
+                time.sleep(0.01)
+            with open(marker) as f:
+                died = float(f.read())
+            return caught - died, type(e).__name__, str(e)
+    return None
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize("env,victim", [({}, 2), (EMULATED_2X2, 3)], ids=["one-node", "2x2"])
+def test_dead_peer_is_an_error_on_every_survivor(tmp_path, env, victim):
+    marker = str(tmp_path / "died")
+    results = spawn_ranks(case_victim_dies, 4, victim, 20, marker, env=env, may_die={victim}, timeout=90)
+    for rank, r in enumerate(results):
+        if rank == victim:
+            continue
+        assert r is not None, f"rank {rank} never noticed that rank {victim} died"
+        delay, kind, msg = r
+        assert kind == "DistBackendError", (rank, kind, msg)
+        assert f"rank {victim}" in msg, (rank, msg)
+        # On one host the survivors watch the peer's liveness: well under 1 s
+        # (generous bound for an oversubscribed 2-core machine).
+        assert delay < 1.5, f"rank {rank} took {delay:.2f} s to notice: {msg}"
+
+
+# ---------------------------------------------------------------- disagreement
+
+
+def case_disagree(kinds: list[str]):
+    """For each kind of disagreement, on a fresh group: rank 0 makes a
+    different call than the others. Every rank returns, per kind, the time
+    to its error, the error's class and message, and what the next call on
+    that group said (the group is unusable after a failure)."""
+    rank, world = dist.get_rank(), dist.get_world_size()
+    out = {}
+    for kind in kinds:
+        group = dist.new_group(backend="smddp")
+        t0 = time.time()
+        try:
+            if kind == "size":
+                dist.all_reduce(torch.ones(100 if rank == 0 else 200), group=group)
+            elif kind == "dtype":
+                dist.all_reduce(torch.ones(64, dtype=torch.float32 if rank == 0 else torch.float64), group=group)
+            elif kind == "redop":
+                dist.all_reduce(torch.ones(64), op=dist.ReduceOp.SUM if rank == 0 else dist.ReduceOp.MAX, group=group)
+            elif kind == "collective":
+                if rank == 0:
+                    dist.all_reduce(torch.ones(64), group=group)
+                else:
+                    dist.all_gather_into_tensor(torch.empty(64 * world), torch.ones(64), group=group)
+            else:
+                raise ValueError(kind)
+            out[kind] = None
+        except Exception as e:  # noqa: BLE001
+            elapsed = time.time() - t0
+            t1 = time.time()
+            try:
+                dist.all_reduce(torch.ones(4), group=group)
+                again = "no error"
+            except Exception as e2:  # noqa: BLE001
+                again = str(e2)
+            out[kind] = (elapsed, type(e).__name__, str(e), time.time() - t1, again)
+        dist.destroy_process_group(group)
+        # The world group is untouched by the subgroup's failure.
+        dist.all_reduce(torch.ones(4))
+    return out
+
+
+KINDS = ["size", "dtype", "redop", "collective"]
+
+
+@pytest.mark.timeout(240)
+@pytest.mark.parametrize("env", [{}, EMULATED_2X2], ids=["one-node", "2x2"])
+def test_disagreeing_ranks_fail_everywhere(env):
+    results = spawn_ranks(case_disagree, 4, KINDS, env=env, timeout=200)
+    for rank, per_kind in enumerate(results):
+        for kind in KINDS:
+            r = per_kind[kind]
+            assert r is not None, f"rank {rank}: no error although ranks disagreed ({kind})"
+            elapsed, cls, msg, again_elapsed, again = r
+            assert cls == "DistBackendError", (rank, kind, cls, msg)
+            assert elapsed < 5, f"rank {rank} needed {elapsed:.1f} s to fail ({kind}): {msg}"
+            assert "disagree" in msg or "failed" in msg, (rank, kind, msg)
+            assert "unusable" in again and again_elapsed < 1, (rank, kind, again)
+
+
+# ---------------------------------------------------------------- leftovers
+
+
+def case_use_group():
+    t = torch.ones(1 << 20)
+    dist.all_reduce(t)
+    dist.barrier()
+    return _shm_entries()
+
+
+@pytest.mark.timeout(120)
+def test_no_shared_memory_left_after_exit():
+    before = _shm_entries()
+    during = spawn_ranks(case_use_group, 3, timeout=60)
+    # The segment's name is removed as soon as every rank has mapped it.
+    assert during == [before] * 3
+    assert _shm_entries() == before
+
+
+@pytest.mark.timeout(120)
+def test_segments_of_a_crashed_job_are_removed(tmp_path):
+    # A segment named as smddp names them, whose creator no longer exists.
+    dead = subprocess.Popen([sys.executable, "-c", "pass"])
+    dead.wait()
+    name = f"/dev/shm/smddp-{os.getuid()}-{dead.pid}-12345-{'ab' * 16}"
+    with open(name, "wb") as f:
+        f.write(b"\0" * 4096)
+    os.chmod(name, 0o600)
+    spawn_ranks(case_use_group, 2, timeout=60)
+    assert not os.path.exists(name), "the stale segment of a dead process was left"
+
+
+def case_threads_after_destroy():
+    def threads() -> int:
+        return len(os.listdir("/proc/self/task"))
+
+    dist.all_reduce(torch.ones(8))
+    group = dist.new_group(backend="smddp")
+    during = threads()
+    dist.all_reduce(torch.ones(8), group=group)
+    dist.destroy_process_group(group)
+    after = threads()
+    return during, after
+
+
+@pytest.mark.timeout(120)
+def test_destroying_a_group_joins_its_threads():
+    for during, after in spawn_ranks(case_threads_after_destroy, 2, timeout=60):
+        # The group's executor (and gloo fallback's) threads are gone.
+        assert after < during, (during, after)
+
+
+def case_abort_releases_waiters():
+    rank = dist.get_rank()
+    pg = dist.group.WORLD
+    backend = pg._get_backend(torch.device("cpu"))
+    if rank == 1:
+        # Never joins the collective: rank 0 waits until rank 0 aborts.
+        time.sleep(3)
+        return None
+    work = dist.all_reduce(torch.ones(16), async_op=True)
+    time.sleep(0.5)
+    t0 = time.time()
+    backend.abort()
+    try:
+        work.wait()
+        return "no error"
+    except Exception as e:  # noqa: BLE001
+        return time.time() - t0, str(e)
+
+
+@pytest.mark.timeout(120)
+def test_abort_makes_pending_work_fail_now():
+    results = spawn_ranks(case_abort_releases_waiters, 2, timeout=60, may_die={1})
+    elapsed, msg = results[0]
+    assert elapsed < 1.0, (elapsed, msg)
+    assert "abort" in msg, msg
+
+
+# ---------------------------------------------------------------- isolation
+
+
+def case_segment_mode():
+    import stat
+
+    # Catch the name between creation and removal by creating a group while
+    # watching /dev/shm from a thread.
+    import threading
+
+    seen = {}
+    stop = threading.Event()
+
+    def watch():
+        while not stop.is_set():
+            for path in _shm_entries():
+                try:
+                    seen[path] = stat.S_IMODE(os.stat(path).st_mode)
+                except FileNotFoundError:
+                    pass
+
+    t = threading.Thread(target=watch)
+    t.start()
+    for _ in range(20):
+        g = dist.new_group(backend="smddp")
+        dist.barrier(group=g)
+        dist.destroy_process_group(g)
+    stop.set()
+    t.join()
+    return seen
+
+
+@pytest.mark.timeout(180)
+def test_segments_are_private_to_the_user():
+    results = spawn_ranks(case_segment_mode, 2, timeout=150)
+    modes = {}
+    for r in results:
+        modes.update(r)
+    # Names are random (32 hex digits) and the mode is 0600 whenever one was
+    # caught; catching one at all is luck, so only check what was seen.
+    for path, mode in modes.items():
+        assert mode == 0o600, (path, oct(mode))
+        token = path.rsplit("-", 1)[-1]
+        assert len(token) == 32 and int(token, 16) >= 0, path
