@@ -16,6 +16,14 @@ from setuptools import find_packages, setup
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "tools"))
 
 import build_env  # noqa: E402  (tools/build_env.py: toolkit discovery)
+
+# torch.utils.cpp_extension reads CUDA_HOME when it is imported; the nvcc on
+# PATH may be a wrapper whose folder is not the toolkit's, so say where.
+WANT_CUDA = build_env.want_cuda()
+CUDA_SETTINGS = build_env.cuda_build_settings() if WANT_CUDA else None
+if CUDA_SETTINGS is not None:
+    os.environ["CUDA_HOME"] = CUDA_SETTINGS["cuda_home"]
+
 from torch.utils.cpp_extension import BuildExtension, CppExtension, CUDAExtension  # noqa: E402
 
 ROOT = os.path.dirname(os.path.abspath(__file__))
@@ -26,14 +34,20 @@ def rel(paths):
     return sorted(os.path.relpath(p, ROOT) for p in paths)
 
 
+def _in_cuda_dir(path):
+    return os.sep + "cuda" + os.sep in path
+
+
 def cpu_sources():
     srcs = glob.glob(os.path.join(CSRC, "**", "*.cc"), recursive=True)
-    return rel(s for s in srcs if os.sep + "cuda" + os.sep not in s)
+    return rel(s for s in srcs if not _in_cuda_dir(s))
 
 
 def cuda_sources():
-    srcs = glob.glob(os.path.join(CSRC, "cuda", "*.cc")) + glob.glob(os.path.join(CSRC, "cuda", "*.cu"))
-    return rel(srcs)
+    """Sources in any csrc/**/cuda/ folder: built only with CUDA."""
+    srcs = glob.glob(os.path.join(CSRC, "**", "*.cc"), recursive=True)
+    srcs += glob.glob(os.path.join(CSRC, "**", "*.cu"), recursive=True)
+    return rel(s for s in srcs if _in_cuda_dir(s))
 
 
 def make_extension():
@@ -45,11 +59,11 @@ def make_extension():
         "-fvisibility=hidden",
         "-Wall",
         "-Wno-unused-function",
+        # torch's CUDA headers use hardware_destructive_interference_size.
+        "-Wno-interference-size",
     ]
-    want_cuda = build_env.want_cuda()
-    if want_cuda and cuda_sources():
-        cuda = build_env.cuda_build_settings()
-        os.environ["CUDA_HOME"] = cuda["cuda_home"]
+    if WANT_CUDA and cuda_sources():
+        cuda = CUDA_SETTINGS
         return CUDAExtension(
             name="smddp._C",
             sources=cpu_sources() + cuda_sources(),

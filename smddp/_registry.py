@@ -29,7 +29,9 @@ def _make_fallbacks(
     """
     gloo = dist.ProcessGroupGloo(dist.PrefixStore("gloo/", store), rank, size, timeout)
     out: list[tuple[str, Any]] = [("cpu", gloo)]
-    if mode == "gloo":
+    # nccl needs a GPU per rank: ranks that share GPUs fall back to gloo.
+    shared_gpus = int(_config.current()["SMDDP_CUDA_RANKS_PER_GPU"]) > 1
+    if mode == "gloo" or shared_gpus:
         out.append(("cuda", gloo))
     elif torch.cuda.is_available() and dist.is_nccl_available():
         opts = dist.ProcessGroupNCCL.Options()

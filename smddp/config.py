@@ -55,7 +55,15 @@ KNOBS: tuple[Knob, ...] = (
     Knob("SMDDP_SOCKET_STREAMS", True, "int", "2", "1..16",
          "TCP connections per peer pair; large transfers are striped over them."),
     Knob("SMDDP_CUDA_RANKS_PER_GPU", True, "int", "1", "1..64",
-         "Ranks that share one GPU (for tests on a single GPU)."),
+         "Ranks that share one GPU (tests on a single GPU): their CUDA fallback is gloo, since "
+         "nccl needs a GPU per rank."),
+    Knob("SMDDP_CUDA_STAGING_BYTES", True, "bytes", "32M", "1M..4G",
+         "Device staging buffer of each rank for the CUDA IPC collectives."),
+    Knob("SMDDP_CUDA_REDUCE_BLOCKS", False, "int", "32", "1..4096",
+         "Thread blocks (of 512 threads) the reduction kernels may use."),
+    Knob("SMDDP_CUDA_INTER_NODE", True, "choice", "auto", "auto|nccl|host",
+         "Inter-node stage of CUDA collectives: NCCL rails (auto: when every rank has a GPU of "
+         "its own) or staging through host memory and sockets."),
 )
 
 
@@ -96,3 +104,7 @@ def markdown_table() -> str:
             values = f"bytes, {k.domain} (K/M/G suffixes)"
         rows.append(f"| `{k.name}` | `{k.default or '(empty)'}` | {values} | {k.help} |")
     return "\n".join(rows)
+
+
+if __name__ == "__main__":
+    print(markdown_table())

@@ -44,8 +44,9 @@ def find_nvcc():
 def cuda_home():
     """The toolkit folder of the nvcc that will really run.
 
-    nvcc reports its own installation in its dry-run output (_TOP_), which is
-    right even when the nvcc on PATH is a wrapper script elsewhere.
+    nvcc reports its own folder in its dry-run output (_HERE_, the bin
+    folder), which is right even when the nvcc on PATH is a wrapper script
+    elsewhere.
     """
     nvcc = find_nvcc()
     if nvcc is None:
@@ -58,9 +59,9 @@ def cuda_home():
             timeout=60,
         )
         text = out.stdout + out.stderr
-        m = re.search(r"_TOP_=(\S+)", text)
+        m = re.search(r"_HERE_=(\S+)", text)
         if m:
-            return os.path.realpath(os.path.join(m.group(1).strip('"'), ""))
+            return os.path.dirname(os.path.realpath(m.group(1).strip('"')))
     except (OSError, subprocess.SubprocessError):
         pass
     return os.path.dirname(os.path.dirname(os.path.realpath(nvcc)))
@@ -93,8 +94,10 @@ def find_library(pattern):
 
 def cuda_build_settings():
     home = cuda_home()
-    include_dirs = []
     toolkit_include = os.path.join(home, "include")
+    # The toolkit's own headers first: the NVIDIA packages' include folders
+    # hold partial copies (no crt/) and are only for what the toolkit lacks.
+    include_dirs = [toolkit_include]
     for header in ("cusparse.h", "nccl.h"):
         d = find_header(header, [toolkit_include])
         if d is None:
@@ -111,12 +114,20 @@ def cuda_build_settings():
         "library_dirs": [nccl_dir],
         # NCCL's wheel has no unversioned symlink.
         "link_args": [f"-l:{os.path.basename(nccl)}", f"-Wl,-rpath,{nccl_dir}"],
-        "nvcc_arch_flags": [
-            "-gencode=arch=compute_80,code=sm_80",
-            "-gencode=arch=compute_90,code=sm_90",
-            "-gencode=arch=compute_90,code=compute_90",
-        ],
+        "nvcc_arch_flags": arch_flags(),
     }
+
+
+def arch_flags():
+    """SASS for each of SMDDP_CUDA_ARCHS (default 80,90: A100 and H100/H200)
+    and PTX of the newest, for GPUs after it."""
+    text = os.environ.get("SMDDP_CUDA_ARCHS", "80,90")
+    archs = [a.strip() for a in text.split(",") if a.strip()]
+    if not archs or not all(a.isdigit() for a in archs):
+        sys.exit(f"SMDDP_CUDA_ARCHS={text!r} is not valid; use compute capabilities like 80,90")
+    flags = [f"-gencode=arch=compute_{a},code=sm_{a}" for a in archs]
+    flags.append(f"-gencode=arch=compute_{archs[-1]},code=compute_{archs[-1]}")
+    return flags
 
 
 if __name__ == "__main__":

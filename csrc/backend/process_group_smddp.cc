@@ -4,6 +4,7 @@
 #include <torch/csrc/distributed/c10d/PrefixStore.hpp>
 #include <torch/csrc/distributed/c10d/TCPStore.hpp>
 
+#include "backend/cuda_path.h"
 #include "backend/fallback_factory.h"
 #include "backend/store_adapter.h"
 #include "common/error.h"
@@ -200,6 +201,9 @@ ProcessGroupSMDDP::ProcessGroupSMDDP(
         e.what());
   }
   executor_ = std::make_shared<Executor>("smddp-exec");
+  if (CudaPath::available() && communicator_) {
+    cuda_ = std::make_unique<CudaPath>(store, *topology_, config_, timeout, communicator_.get());
+  }
   if (config_.fallback != "none") {
     auto prefixed = c10::make_intrusive<::c10d::PrefixStore>("smddp-fallback", store);
     for (auto& [device, backend] : makeFallbacks(prefixed, rank, size, timeout, config_.fallback)) {
@@ -325,7 +329,8 @@ c10::intrusive_ptr<::c10d::Work> ProcessGroupSMDDP::submitNative(
     const std::optional<std::vector<at::Tensor>>& inputs,
     bool async_op,
     size_t nseq,
-    std::function<void(uint64_t, const Deadline&)> body) {
+    std::function<void(uint64_t, const Deadline&)> body,
+    const CudaPath::Call* device_hooks) {
   const uint64_t seq = next_seq_.fetch_add(nseq);
   std::string label = str(name, " #", seq);
   if (broken_.load()) {
@@ -365,6 +370,9 @@ c10::intrusive_ptr<::c10d::Work> ProcessGroupSMDDP::submitNative(
       timeout,
       nullptr,
       inputs);
+  if (device_hooks != nullptr) {
+    work->setDeviceHooks(device_hooks->on_wait, device_hooks->gpu_done, device_hooks->completion_context);
+  }
   try {
     executor_->submit(work, !async_op);
   } catch (const Error& e) {
@@ -406,6 +414,99 @@ std::exception_ptr ProcessGroupSMDDP::translate(
   }
 }
 
+ProcessGroupSMDDP::Route ProcessGroupSMDDP::route(
+    const char* op,
+    const std::vector<at::Tensor>& tensors,
+    const ::c10d::ReduceOp* reduce_op) const {
+  if (tensors.empty() || !tensors[0].defined()) {
+    return Route::kFallback;
+  }
+  const at::Device device = tensors[0].device();
+  for (const auto& t : tensors) {
+    TORCH_CHECK(t.defined(), where(op), "a tensor is undefined");
+    TORCH_CHECK(
+        t.device() == device,
+        where(op),
+        "all tensors must be on one device (got ",
+        device,
+        " and ",
+        t.device(),
+        ")");
+  }
+  if (!communicator_) {
+    return Route::kFallback;
+  }
+  if (device.is_cpu()) {
+    if (reduce_op == nullptr || nativeReduce(tensors[0].scalar_type(), *reduce_op)) {
+      return Route::kHost;
+    }
+    bool dtype_ok = false;
+    toDataType(tensors[0].scalar_type(), &dtype_ok);
+    // gloo reduces complex tensors (as pairs of reals) and the bitwise ops;
+    // other dtypes neither can: say so here, naming the call.
+    TORCH_CHECK(
+        dtype_ok || at::isComplexType(tensors[0].scalar_type()),
+        where(op),
+        "cannot reduce ",
+        tensors[0].scalar_type(),
+        " tensors (neither smddp nor its CPU fallback, gloo, can); use float32, float64, "
+        "float16, bfloat16, int8, uint8, int32, int64 or bool");
+    return Route::kFallback;
+  }
+  if (device.is_cuda() && cuda_) {
+    if (reduce_op == nullptr) {
+      return Route::kDevice;
+    }
+    bool ok = false;
+    ReduceOp r = toReduceOp(*reduce_op, &ok);
+    return ok && cuda_->supportsReduce(tensors[0].scalar_type(), r) ? Route::kDevice : Route::kFallback;
+  }
+  return Route::kFallback;
+}
+
+void ProcessGroupSMDDP::runOnHost(const algorithm::OpArgs& a) {
+  switch (a.kind) {
+    case CollectiveKind::kAllGather:
+      communicator_->allGather(a);
+      return;
+    case CollectiveKind::kReduceScatter:
+      communicator_->reduceScatter(a);
+      return;
+    case CollectiveKind::kAllReduce:
+      communicator_->allReduce(a);
+      return;
+    case CollectiveKind::kBroadcast:
+      communicator_->broadcast(a);
+      return;
+    case CollectiveKind::kBarrier:
+      communicator_->barrier(a);
+      return;
+  }
+}
+
+c10::intrusive_ptr<::c10d::Work> ProcessGroupSMDDP::submit(
+    Route route,
+    OpType op_type,
+    const char* name,
+    const algorithm::OpArgs& args,
+    std::vector<at::Tensor> inputs,
+    std::vector<at::Tensor> outputs,
+    bool async_op) {
+  if (route == Route::kDevice) {
+    CudaPath::Call call = cuda_->prepare(args.kind, args, inputs, outputs);
+    return submitNative(op_type, name, outputs, inputs, async_op, 1, call.body, &call);
+  }
+  // The closure keeps the tensors (and so the pointers in args) alive.
+  return submitNative(
+      op_type, name, outputs, inputs, async_op, 1,
+      [this, args, inputs, outputs](uint64_t seq, const Deadline& deadline) {
+        algorithm::OpArgs a = args;
+        a.seq = seq;
+        a.deadline = deadline;
+        runOnHost(a);
+      });
+}
+
 // ------------------------------------------------------------ native ops
 
 c10::intrusive_ptr<::c10d::Work> ProcessGroupSMDDP::allreduce(
@@ -414,24 +515,18 @@ c10::intrusive_ptr<::c10d::Work> ProcessGroupSMDDP::allreduce(
   static const char* kOp = "allreduce";
   TORCH_CHECK(tensors.size() == 1, where(kOp), "takes exactly one tensor (got ", tensors.size(), ")");
   at::Tensor t = tensors[0];
-  if (!communicator_ || !t.is_cpu() || !nativeReduce(t.scalar_type(), opts.reduceOp)) {
+  const Route r = route(kOp, {t}, &opts.reduceOp);
+  if (r == Route::kFallback) {
     return fallbackFor(tensors, kOp)->allreduce(tensors, opts);
   }
   checkDense(where(kOp), t, "tensor");
-  algorithm::ReduceSpec spec = makeReduceSpec(kOp, t.scalar_type(), opts.reduceOp);
-  return submitNative(
-      OpType::ALLREDUCE, kOp, {t}, std::vector<at::Tensor>{t}, opts.asyncOp, 1,
-      [this, t, spec](uint64_t seq, const Deadline& deadline) {
-        algorithm::OpArgs a;
-        a.kind = CollectiveKind::kAllReduce;
-        a.reduce = spec;
-        a.in = t.data_ptr();
-        a.out = t.data_ptr();
-        a.count = static_cast<size_t>(t.numel());
-        a.seq = seq;
-        a.deadline = deadline;
-        communicator_->allReduce(a);
-      });
+  algorithm::OpArgs a;
+  a.kind = CollectiveKind::kAllReduce;
+  a.reduce = makeReduceSpec(kOp, t.scalar_type(), opts.reduceOp);
+  a.in = t.data_ptr();
+  a.out = t.data_ptr();
+  a.count = static_cast<size_t>(t.numel());
+  return submit(r, OpType::ALLREDUCE, kOp, a, {t}, {t}, opts.asyncOp);
 }
 
 c10::intrusive_ptr<::c10d::Work> ProcessGroupSMDDP::allreduce_coalesced(
@@ -485,26 +580,20 @@ c10::intrusive_ptr<::c10d::Work> ProcessGroupSMDDP::broadcast(
       ")");
   TORCH_CHECK(opts.rootTensor == 0, where(kOp), "root tensor must be 0 (got ", opts.rootTensor, ")");
   at::Tensor t = tensors[0];
-  if (!communicator_ || !t.is_cpu()) {
+  const Route r = route(kOp, {t}, nullptr);
+  if (r == Route::kFallback) {
     return fallbackFor(tensors, kOp)->broadcast(tensors, opts);
   }
   checkDense(where(kOp), t, "tensor");
-  const int root = static_cast<int>(opts.rootRank);
-  return submitNative(
-      OpType::BROADCAST, kOp, {t}, std::vector<at::Tensor>{t}, opts.asyncOp, 1,
-      [this, t, root](uint64_t seq, const Deadline& deadline) {
-        MoveType m = moveType(t);
-        algorithm::OpArgs a;
-        a.kind = CollectiveKind::kBroadcast;
-        a.reduce.dtype = m.dtype;
-        a.in = t.data_ptr();
-        a.out = t.data_ptr();
-        a.count = m.count;
-        a.root = root;
-        a.seq = seq;
-        a.deadline = deadline;
-        communicator_->broadcast(a);
-      });
+  MoveType m = moveType(t);
+  algorithm::OpArgs a;
+  a.kind = CollectiveKind::kBroadcast;
+  a.reduce.dtype = m.dtype;
+  a.in = t.data_ptr();
+  a.out = t.data_ptr();
+  a.count = m.count;
+  a.root = static_cast<int>(opts.rootRank);
+  return submit(r, OpType::BROADCAST, kOp, a, {t}, {t}, opts.asyncOp);
 }
 
 c10::intrusive_ptr<::c10d::Work> ProcessGroupSMDDP::_allgather_base(
@@ -512,7 +601,8 @@ c10::intrusive_ptr<::c10d::Work> ProcessGroupSMDDP::_allgather_base(
     at::Tensor& input,
     const ::c10d::AllgatherOptions& opts) {
   static const char* kOp = "allgather_into_tensor";
-  if (!communicator_ || !input.is_cpu() || !output.is_cpu()) {
+  const Route r = route(kOp, {input, output}, nullptr);
+  if (r == Route::kFallback) {
     return fallbackFor({input}, kOp)->_allgather_base(output, input, opts);
   }
   checkDense(where(kOp), input, "input");
@@ -529,22 +619,14 @@ c10::intrusive_ptr<::c10d::Work> ProcessGroupSMDDP::_allgather_base(
       size_,
       " (ranks) = ",
       input.numel() * size_);
-  at::Tensor in = input;
-  at::Tensor out = output;
-  return submitNative(
-      OpType::_ALLGATHER_BASE, kOp, {out}, std::vector<at::Tensor>{in}, opts.asyncOp, 1,
-      [this, in, out](uint64_t seq, const Deadline& deadline) {
-        MoveType m = moveType(in);
-        algorithm::OpArgs a;
-        a.kind = CollectiveKind::kAllGather;
-        a.reduce.dtype = m.dtype;
-        a.in = in.data_ptr();
-        a.out = out.data_ptr();
-        a.count = m.count;
-        a.seq = seq;
-        a.deadline = deadline;
-        communicator_->allGather(a);
-      });
+  MoveType m = moveType(input);
+  algorithm::OpArgs a;
+  a.kind = CollectiveKind::kAllGather;
+  a.reduce.dtype = m.dtype;
+  a.in = input.data_ptr();
+  a.out = output.data_ptr();
+  a.count = m.count;
+  return submit(r, OpType::_ALLGATHER_BASE, kOp, a, {input}, {output}, opts.asyncOp);
 }
 
 c10::intrusive_ptr<::c10d::Work> ProcessGroupSMDDP::allgather_into_tensor_coalesced(
@@ -724,8 +806,8 @@ c10::intrusive_ptr<::c10d::Work> ProcessGroupSMDDP::_reduce_scatter_base(
     at::Tensor& input,
     const ::c10d::ReduceScatterOptions& opts) {
   static const char* kOp = "reduce_scatter_tensor";
-  if (!communicator_ || !input.is_cpu() || !output.is_cpu() ||
-      !nativeReduce(input.scalar_type(), opts.reduceOp)) {
+  const Route r = route(kOp, {input, output}, &opts.reduceOp);
+  if (r == Route::kFallback) {
     return fallbackFor({input}, kOp)->_reduce_scatter_base(output, input, opts);
   }
   checkDense(where(kOp), input, "input");
@@ -742,22 +824,13 @@ c10::intrusive_ptr<::c10d::Work> ProcessGroupSMDDP::_reduce_scatter_base(
       size_,
       " (ranks) = ",
       output.numel() * size_);
-  algorithm::ReduceSpec spec = makeReduceSpec(kOp, input.scalar_type(), opts.reduceOp);
-  at::Tensor in = input;
-  at::Tensor out = output;
-  return submitNative(
-      OpType::_REDUCE_SCATTER_BASE, kOp, {out}, std::vector<at::Tensor>{in}, opts.asyncOp, 1,
-      [this, in, out, spec](uint64_t seq, const Deadline& deadline) {
-        algorithm::OpArgs a;
-        a.kind = CollectiveKind::kReduceScatter;
-        a.reduce = spec;
-        a.in = in.data_ptr();
-        a.out = out.data_ptr();
-        a.count = static_cast<size_t>(out.numel());
-        a.seq = seq;
-        a.deadline = deadline;
-        communicator_->reduceScatter(a);
-      });
+  algorithm::OpArgs a;
+  a.kind = CollectiveKind::kReduceScatter;
+  a.reduce = makeReduceSpec(kOp, input.scalar_type(), opts.reduceOp);
+  a.in = input.data_ptr();
+  a.out = output.data_ptr();
+  a.count = static_cast<size_t>(output.numel());
+  return submit(r, OpType::_REDUCE_SCATTER_BASE, kOp, a, {input}, {output}, opts.asyncOp);
 }
 
 c10::intrusive_ptr<::c10d::Work> ProcessGroupSMDDP::reduce_scatter_tensor_coalesced(
@@ -992,6 +1065,9 @@ void ProcessGroupSMDDP::abort() {
   if (communicator_) {
     communicator_->interrupt(str("rank ", rank_, " aborted the group"));
   }
+  if (cuda_) {
+    cuda_->abort(str("rank ", rank_, " aborted the group"));
+  }
   shutdown();
   std::lock_guard<std::mutex> lock(mu_);
   for (auto& kv : fallbacks_) {
@@ -1014,6 +1090,7 @@ void ProcessGroupSMDDP::shutdown() {
   for (auto& kv : fallbacks) {
     kv.second->shutdown();
   }
+  cuda_.reset();
   communicator_.reset();
 }
 

@@ -31,6 +31,7 @@
 #include <vector>
 
 #include "algorithm/communicator.h"
+#include "backend/cuda_path.h"
 #include "backend/executor.h"
 #include "backend/torch_compat.h"
 #include "backend/work_smddp.h"
@@ -152,7 +153,20 @@ class ProcessGroupSMDDP : public ::c10d::Backend {
   }
 
  private:
-
+  // Where a call runs: natively on host memory, natively on the GPU, or on
+  // the fallback backend. Throws for tensors on different devices.
+  enum class Route { kHost, kDevice, kFallback };
+  Route route(const char* op, const std::vector<at::Tensor>& tensors, const ::c10d::ReduceOp* reduce_op) const;
+  // Runs the single collective described by `args` on the given route.
+  Ptr<Work> submit(
+      Route route,
+      ::c10d::OpType op_type,
+      const char* name,
+      const algorithm::OpArgs& args,
+      std::vector<at::Tensor> inputs,
+      std::vector<at::Tensor> outputs,
+      bool async_op);
+  void runOnHost(const algorithm::OpArgs& args);
   // Runs `body` as the native collective `label` (e.g. "allreduce"); takes
   // `nseq` sequence numbers (the first is passed to body).
   Ptr<Work> submitNative(
@@ -162,7 +176,8 @@ class ProcessGroupSMDDP : public ::c10d::Backend {
       const std::optional<std::vector<at::Tensor>>& inputs,
       bool async_op,
       size_t nseq,
-      std::function<void(uint64_t first_seq, const Deadline& deadline)> body);
+      std::function<void(uint64_t first_seq, const Deadline& deadline)> body,
+      const CudaPath::Call* device_hooks = nullptr);
   // The exception to store for a failure of native op `label`.
   std::exception_ptr translate(const std::string& label, std::exception_ptr error);
   Ptr<::c10d::Backend> fallbackFor(const std::vector<at::Tensor>& tensors, const char* op) const;
@@ -183,6 +198,7 @@ class ProcessGroupSMDDP : public ::c10d::Backend {
   Ptr<::c10d::Backend::Options> options_;
   std::unique_ptr<topology::Topology> topology_;
   std::unique_ptr<algorithm::Communicator> communicator_;
+  std::unique_ptr<CudaPath> cuda_;
   std::shared_ptr<Executor> executor_;
   std::atomic<int64_t> timeout_ms_;
   std::atomic<uint64_t> next_seq_{0};

@@ -45,7 +45,25 @@ WorkSMDDP::WorkSMDDP(
 WorkSMDDP::~WorkSMDDP() = default;
 
 bool WorkSMDDP::isCompleted() {
-  return done_.load(std::memory_order_acquire);
+  if (!done_.load(std::memory_order_acquire)) {
+    return false;
+  }
+  return !gpu_done_ || exception_ || gpu_done_();
+}
+
+void WorkSMDDP::setDeviceHooks(
+    std::function<void()> on_wait,
+    std::function<bool()> gpu_done,
+    std::function<void(const std::function<void()>&)> context) {
+  on_wait_ = std::move(on_wait);
+  gpu_done_ = std::move(gpu_done);
+  context_ = std::move(context);
+}
+
+void WorkSMDDP::synchronize() {
+  if (on_wait_ && done_.load(std::memory_order_acquire) && !exception_) {
+    on_wait_();
+  }
 }
 
 std::vector<at::Tensor> WorkSMDDP::result() {
@@ -78,17 +96,26 @@ void WorkSMDDP::fail(std::exception_ptr error) {
 }
 
 void WorkSMDDP::complete(std::exception_ptr error) {
-  if (error) {
-    future_->setError(error);
+  auto mark = [&] {
+    if (error) {
+      future_->setError(error);
+    } else {
+      future_->markCompleted(c10::IValue(outputs_));
+    }
+  };
+  if (context_) {
+    context_(mark);
   } else {
-    future_->markCompleted(c10::IValue(outputs_));
+    mark();
   }
   done_.store(true, std::memory_order_release);
   finish(error);
 }
 
 bool WorkSMDDP::wait(std::chrono::milliseconds timeout) {
-  if (!done_.load(std::memory_order_acquire) && executor_) {
+  // Running the work here would block past a caller's timeout: only an
+  // unbounded wait takes it over.
+  if (timeout == kNoTimeout && !done_.load(std::memory_order_acquire) && executor_) {
     executor_->runIfNext(this);
   }
   std::unique_lock<std::mutex> lock(mutex_);
@@ -109,6 +136,10 @@ bool WorkSMDDP::wait(std::chrono::milliseconds timeout) {
   }
   if (exception_) {
     std::rethrow_exception(exception_);
+  }
+  lock.unlock();
+  if (on_wait_) {
+    on_wait_();
   }
   return true;
 }

@@ -45,7 +45,7 @@ class WorkSMDDP : public ::c10d::Work {
   bool isCompleted() override;
   std::vector<at::Tensor> result() override;
   bool wait(std::chrono::milliseconds timeout = kNoTimeout) override;
-  void synchronize() override {}
+  void synchronize() override;
   c10::intrusive_ptr<c10::ivalue::Future> getFuture() override;
   uint64_t getSequencenumber() const override {
     return seq_;
@@ -57,6 +57,15 @@ class WorkSMDDP : public ::c10d::Work {
   void run();
   // Completes the work without running it.
   void fail(std::exception_ptr error);
+
+  // CUDA collectives: after the body ran, wait()/synchronize() make the
+  // caller's stream wait (on_wait), is_completed() asks the GPU (gpu_done),
+  // and the future completes inside `context` (with the communication
+  // stream current, so that CUDA futures record their events on it).
+  void setDeviceHooks(
+      std::function<void()> on_wait,
+      std::function<bool()> gpu_done,
+      std::function<void(const std::function<void()>&)> context);
 
   const std::string& label() const {
     return label_;
@@ -73,6 +82,9 @@ class WorkSMDDP : public ::c10d::Work {
   std::chrono::milliseconds timeout_;
   c10::intrusive_ptr<c10::ivalue::Future> future_;
   std::atomic<bool> done_{false};
+  std::function<void()> on_wait_;
+  std::function<bool()> gpu_done_;
+  std::function<void(const std::function<void()>&)> context_;
 };
 
 // An already-finished work, for calls that need no communication (a group

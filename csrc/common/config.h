@@ -60,7 +60,15 @@ enum class Tristate { kAuto, kOn, kOff };
   X(socket_streams, "SMDDP_SOCKET_STREAMS", true, int, "2", "1..16",                 \
     "TCP connections per peer pair; large transfers are striped over them.")   \
   X(cuda_ranks_per_gpu, "SMDDP_CUDA_RANKS_PER_GPU", true, int, "1", "1..64",         \
-    "Ranks that share one GPU (for tests on a single GPU).")
+    "Ranks that share one GPU (tests on a single GPU): their CUDA fallback is "  \
+    "gloo, since nccl needs a GPU per rank.")                                   \
+  X(cuda_staging_bytes, "SMDDP_CUDA_STAGING_BYTES", true, bytes, "32M", "1M..4G",   \
+    "Device staging buffer of each rank for the CUDA IPC collectives.")         \
+  X(cuda_reduce_blocks, "SMDDP_CUDA_REDUCE_BLOCKS", false, int, "32", "1..4096",    \
+    "Thread blocks (of 512 threads) the reduction kernels may use.")            \
+  X(cuda_inter_node, "SMDDP_CUDA_INTER_NODE", true, choice, "auto", "auto|nccl|host", \
+    "Inter-node stage of CUDA collectives: NCCL rails (auto: when every rank "  \
+    "has a GPU of its own) or staging through host memory and sockets.")
 
 struct Config {
   Algo algo = Algo::kAuto;
@@ -76,6 +84,9 @@ struct Config {
   std::string socket_ifname;
   int socket_streams = 0;
   int cuda_ranks_per_gpu = 0;
+  size_t cuda_staging_bytes = 0;
+  int cuda_reduce_blocks = 0;
+  std::string cuda_inter_node;
 
   // Reads every knob from the environment (getenv by default); unset or
   // empty means the default. Throws Error(kConfig) naming the first bad

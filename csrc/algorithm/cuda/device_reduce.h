@@ -1,0 +1,51 @@
+// Elementwise reductions on the GPU: dst[i] = src[0][i] (+) ... (+) src[n-1][i],
+// sources in the order given (deterministic), any of them possibly a peer
+// GPU's memory mapped through CUDA IPC (read over NVLink).
+//
+// float32, float16 and bfloat16; SUM, AVG, PRODUCT, MIN, MAX, PREMUL_SUM,
+// with the semantics of the CPU kernels (algorithm/reduce.h): half types
+// accumulate in float32 and round once; MIN/MAX propagate NaN; `raw` applies
+// PREMUL_SUM's factor to every source, `finalize` AVG's division.
+//
+// The kernel reads 16 bytes per load with several loads in flight per
+// thread when every pointer is 16-byte aligned, else one element at a time.
+// It uses at most `max_blocks` blocks, so that a collective leaves most of
+// the GPU to the computation it overlaps with.
+#pragma once
+
+#include <cuda_runtime.h>
+
+#include <cstddef>
+
+#include "algorithm/reduce.h"
+
+namespace smddp::algorithm::cuda {
+
+constexpr int kMaxDeviceSources = 16;
+
+// True for the dtype/op pairs the device kernels implement.
+bool deviceReduceSupported(DataType dtype, ReduceOp op);
+
+// Enqueues the reduction on `stream`; returns the launch's error.
+cudaError_t launchReduce(
+    const ReduceSpec& spec,
+    void* dst,
+    const void* const* srcs,
+    int nsrc,
+    size_t count,
+    bool raw,
+    bool finalize,
+    int max_blocks,
+    cudaStream_t stream);
+
+// dst[i] = finalize(dst[i]): AVG's division (and PREMUL_SUM's factor when
+// raw) in place.
+cudaError_t launchFinalize(
+    const ReduceSpec& spec,
+    void* dst,
+    size_t count,
+    bool raw,
+    int max_blocks,
+    cudaStream_t stream);
+
+} // namespace smddp::algorithm::cuda

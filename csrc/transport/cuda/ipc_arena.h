@@ -1,0 +1,74 @@
+// Device memory and events shared by the ranks of one node through CUDA IPC.
+//
+// Each rank allocates a staging buffer on its GPU and two events (ready,
+// done; interprocess, no timing), exports their IPC handles through the
+// store, and opens every peer's. Peers then copy from each other's staging
+// buffers with the copy engines (over NVLink where GPUs differ, within the
+// GPU's memory where ranks share one) and reduction kernels read them
+// directly.
+//
+// Ordering is split between the host and the GPU: a rank records its event
+// on its stream and then posts a round in the node's host arena; a peer
+// waits for the round on the host and then makes its stream wait for the
+// event (cudaStreamWaitEvent takes the event as last recorded, so the host
+// round is what guarantees it is this call's record). No thread waits for
+// the GPU.
+//
+// Works with several ranks on one GPU (each process has its own context;
+// IPC maps between them).
+#pragma once
+
+#include <cuda_runtime.h>
+
+#include <string>
+#include <vector>
+
+#include "common/store.h"
+
+namespace smddp::transport {
+
+// Throws kComm naming `what` if `err` is not cudaSuccess.
+void cudaCheck(cudaError_t err, const char* what);
+
+class CudaIpcArena {
+ public:
+  // Collective over the node's ranks (`local_size` of them, this one
+  // `local_rank`); `key` unique to the group and node in `store`.
+  CudaIpcArena(
+      Store& store,
+      const std::string& key,
+      int local_rank,
+      int local_size,
+      int device,
+      size_t staging_bytes);
+  ~CudaIpcArena();
+  CudaIpcArena(const CudaIpcArena&) = delete;
+  CudaIpcArena& operator=(const CudaIpcArena&) = delete;
+
+  int device() const {
+    return device_;
+  }
+  size_t stagingBytes() const {
+    return staging_bytes_;
+  }
+  uint8_t* staging(int l) const {
+    return staging_[static_cast<size_t>(l)];
+  }
+  cudaEvent_t ready(int l) const {
+    return ready_[static_cast<size_t>(l)];
+  }
+  cudaEvent_t done(int l) const {
+    return done_[static_cast<size_t>(l)];
+  }
+
+ private:
+  int local_rank_;
+  int local_size_;
+  int device_;
+  size_t staging_bytes_;
+  std::vector<uint8_t*> staging_;
+  std::vector<cudaEvent_t> ready_;
+  std::vector<cudaEvent_t> done_;
+};
+
+} // namespace smddp::transport
