@@ -28,8 +28,11 @@ def get_pool(world: int, backend: str = "smddp", **env: str) -> RankPool:
 @pytest.fixture(scope="session")
 def pools():
     yield get_pool
+    # Every pool is told to leave first, then waited for: they exit together.
     for pool in _pools.values():
-        pool.close()
+        pool.begin_close()
+    for pool in _pools.values():
+        pool.finish_close()
     _pools.clear()
 
 

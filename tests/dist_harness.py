@@ -95,6 +95,9 @@ class RankPool:
         os.unlink(self._init_file)
         child_env = dict(self.env)
         child_env.setdefault("PYTHONUNBUFFERED", "1")
+        # Several ranks share few cores: torch's own thread pools would fight
+        # over them (local reference computations slow down many times).
+        child_env.setdefault("OMP_NUM_THREADS", "1")
         self._conns = []
         self._procs = []
         for rank in range(world):
@@ -188,6 +191,11 @@ class RankPool:
             p.join(timeout=10)
 
     def close(self, timeout: float = 30.0) -> None:
+        self.begin_close()
+        self.finish_close(timeout)
+
+    def begin_close(self) -> None:
+        """Asks every rank to leave (so that several pools close at once)."""
         if not self.alive:
             return
         for conn in self._conns:
@@ -195,6 +203,11 @@ class RankPool:
                 conn.send(None)
             except (BrokenPipeError, OSError):
                 pass
+
+    def finish_close(self, timeout: float = 30.0) -> None:
+        """Waits for the ranks (killing stragglers) and cleans up."""
+        if not self.alive:
+            return
         deadline = time.monotonic() + timeout
         for p in self._procs:
             p.join(timeout=max(0.1, deadline - time.monotonic()))

@@ -1,0 +1,168 @@
+"""The CUDA path, on whatever GPUs the machine has: ranks share GPU 0 when
+there is one (SMDDP_CUDA_RANKS_PER_GPU), 2 and 4 ranks, one node (CUDA IPC)
+and 2 emulated nodes (host staging). Skipped without a GPU.
+
+Every result is compared with a reference computed by torch on the same
+deterministic inputs (float64 on the GPU, rounded to the dtype).
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+import torch.distributed as dist
+
+pytestmark = pytest.mark.gpu
+
+DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
+OPS = ["SUM", "AVG", "PRODUCT", "MIN", "MAX", "PREMUL_SUM"]
+TOL = {torch.float32: 1e-5, torch.float16: 2e-3, torch.bfloat16: 2e-2}
+
+
+def _device() -> torch.device:
+    d = torch.device("cuda", dist.get_rank() % torch.cuda.device_count())
+    torch.cuda.set_device(d)
+    return d
+
+
+def _input(rank: int, n: int, dtype: torch.dtype, device, salt: int = 0) -> torch.Tensor:
+    g = torch.Generator(device="cpu").manual_seed(1000 * rank + salt)
+    # PRODUCT stays finite with values near 1.
+    return (0.5 + torch.rand(n, generator=g, dtype=torch.float64)).to(dtype).to(device)
+
+
+def _reduce_op(name: str, factor: float):
+    if name == "PREMUL_SUM":
+        return dist._make_nccl_premul_sum(factor)
+    return getattr(dist.ReduceOp, name)
+
+
+def _reference(inputs: list[torch.Tensor], name: str, factor: float) -> torch.Tensor:
+    x = torch.stack([t.double() for t in inputs])
+    if name == "SUM":
+        return x.sum(0)
+    if name == "AVG":
+        return x.mean(0)
+    if name == "PRODUCT":
+        return x.prod(0)
+    if name == "MIN":
+        return x.min(0).values
+    if name == "MAX":
+        return x.max(0).values
+    return (x * factor).sum(0)
+
+
+def _close(got: torch.Tensor, want: torch.Tensor, dtype: torch.dtype, what: str) -> None:
+    tol = TOL[dtype]
+    err = (got.double() - want.double()).abs().max().item() if got.numel() else 0.0
+    scale = want.double().abs().max().item() if want.numel() else 1.0
+    assert err <= tol * max(1.0, scale), f"{what}: max error {err} (scale {scale})"
+
+
+def case_collectives(sizes: list[int]):
+    rank, world = dist.get_rank(), dist.get_world_size()
+    dev = _device()
+    failures = []
+    for dname, dtype in DTYPES.items():
+        for n in sizes:
+            all_in = [_input(r, n, dtype, dev) for r in range(world)]
+            mine = all_in[rank].clone()
+            # AllGather
+            out = torch.full((n * world,), float("nan"), dtype=dtype, device=dev)
+            dist.all_gather_into_tensor(out, mine)
+            if not torch.equal(out, torch.cat(all_in)):
+                failures.append(f"all_gather {dname} n={n}")
+            # Broadcast from every root
+            for root in range(world):
+                t = all_in[rank].clone()
+                dist.broadcast(t, src=root)
+                if not torch.equal(t, all_in[root]):
+                    failures.append(f"broadcast {dname} n={n} root={root}")
+            for name in OPS:
+                factor = 0.25
+                # AllReduce
+                t = mine.clone()
+                dist.all_reduce(t, op=_reduce_op(name, factor))
+                try:
+                    _close(t, _reference(all_in, name, factor).to(dtype), dtype, f"all_reduce {name} {dname} n={n}")
+                except AssertionError as e:
+                    failures.append(str(e))
+                # ReduceScatter
+                big = [_input(r, n * world, dtype, dev, salt=7) for r in range(world)]
+                o = torch.full((n,), float("nan"), dtype=dtype, device=dev)
+                dist.reduce_scatter_tensor(o, big[rank].clone(), op=_reduce_op(name, factor))
+                want = _reference(big, name, factor)[rank * n:(rank + 1) * n].to(dtype)
+                try:
+                    _close(o, want, dtype, f"reduce_scatter {name} {dname} n={n}")
+                except AssertionError as e:
+                    failures.append(str(e))
+    torch.cuda.synchronize()
+    return failures
+
+
+def case_streams_overlap_and_lifetime():
+    rank, world = dist.get_rank(), dist.get_world_size()
+    dev = _device()
+    failures = []
+    # A non-default stream: the collective follows what is queued on it.
+    s = torch.cuda.Stream()
+    with torch.cuda.stream(s):
+        t = torch.full((1 << 20,), float(rank + 1), device=dev)
+        t.mul_(2)
+        dist.all_reduce(t)
+    s.synchronize()
+    want = 2.0 * world * (world + 1) / 2
+    if not torch.all(t == want):
+        failures.append("non-default stream: wrong result")
+    # Async with a matmul in flight.
+    a = torch.randn(2048, 2048, device=dev)
+    x = torch.full((1 << 22,), float(rank), device=dev)
+    work = dist.all_reduce(x, async_op=True)
+    c = a @ a
+    work.wait()
+    torch.cuda.synchronize()
+    if not torch.all(x == world * (world - 1) / 2):
+        failures.append("async all_reduce with a matmul: wrong result")
+    if not torch.isfinite(c).all():
+        failures.append("matmul beside the collective went wrong")
+    # The input is freed right after the call: the allocator must not hand
+    # its memory out before the collective has read it.
+    inp = torch.full((1 << 22,), float(rank + 1), device=dev)
+    out = torch.empty((1 << 22) * world, device=dev)
+    dist.all_gather_into_tensor(out, inp, async_op=False)
+    del inp
+    junk = [torch.full((1 << 22,), -7.0, device=dev) for _ in range(4)]
+    torch.cuda.synchronize()
+    for r in range(world):
+        if not torch.all(out[r << 22:(r + 1) << 22] == r + 1):
+            failures.append(f"all_gather after freeing the input: block {r} overwritten")
+    del junk
+    # The future of a CUDA work (DDP chains on it).
+    y = torch.ones(1024, device=dev)
+    fut = dist.all_reduce(y, async_op=True).get_future().then(lambda f: f.value()[0] * 2)
+    if not torch.all(fut.wait() == 2 * world):
+        failures.append("get_future().then: wrong value")
+    return failures
+
+
+@pytest.mark.timeout(600)
+@pytest.mark.parametrize("world", [2, 4])
+def test_cuda_collectives_one_node(pools, world):
+    if not torch.cuda.is_available():
+        pytest.skip("no GPU")
+    per_gpu = max(1, world // torch.cuda.device_count())
+    pool = pools(world, SMDDP_CUDA_RANKS_PER_GPU=str(per_gpu), SMDDP_CUDA_STAGING_BYTES="1M")
+    sizes = [0, 1, 7, 4099, (1 << 20) + 3]
+    for failures in pool.run(case_collectives, sizes, timeout=500):
+        assert failures == []
+    for failures in pool.run(case_streams_overlap_and_lifetime, timeout=300):
+        assert failures == []
+
+
+@pytest.mark.timeout(600)
+def test_cuda_collectives_emulated_nodes(pools):
+    if not torch.cuda.is_available():
+        pytest.skip("no GPU")
+    pool = pools(4, SMDDP_CUDA_RANKS_PER_GPU="4", SMDDP_RANKS_PER_NODE="2")
+    for failures in pool.run(case_collectives, [0, 5, 4099], timeout=500):
+        assert failures == []

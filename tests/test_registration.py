@@ -1,0 +1,361 @@
+"""How users reach smddp: registration (with and without ``import smddp``),
+every init method, the knob table, what a group reports about itself, the
+shared memory it leaves behind (none), and the example launched by torchrun.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import socket
+import subprocess
+import sys
+import time
+
+import pytest
+import torch
+import torch.distributed as dist
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+ROOT = os.path.dirname(HERE)
+VENV_BIN = os.path.dirname(sys.executable)
+SHM_DIR = "/dev/shm"
+# smddp-<uid>-<creator pid>-<creator start time>-<token>
+SEGMENT = re.compile(r"^smddp-(\d+)-(\d+)-(\d+)-(\S+)$")
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _clean_env() -> dict[str, str]:
+    """The environment without SMDDP_* settings or torchrun's variables."""
+    drop = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT", "LOCAL_WORLD_SIZE")
+    env = {k: v for k, v in os.environ.items() if not k.startswith("SMDDP_") and k not in drop}
+    env["OMP_NUM_THREADS"] = "1"
+    return env
+
+
+def _segments(pids: set[int] | None = None) -> list[str]:
+    """This user's smddp entries in /dev/shm, of creators in ``pids`` if given."""
+    out = []
+    for name in os.listdir(SHM_DIR):
+        m = SEGMENT.match(name)
+        if m and int(m.group(1)) == os.getuid() and (pids is None or int(m.group(2)) in pids):
+            out.append(name)
+    return out
+
+
+# ---------------------------------------------------------------- the knob table
+
+
+@pytest.mark.timeout(30, func_only=True)
+def test_python_knobs_mirror_the_native_table() -> None:
+    import smddp
+    from smddp import _C
+
+    native = {k["name"]: k for k in _C.config_knobs()}
+    mirror = {k.name: k for k in smddp.config.KNOBS}
+    assert list(native) == list(mirror), f"names or order differ: native {list(native)}, python {list(mirror)}"
+    for name, n in native.items():
+        m = mirror[name]
+        for field in ("agree", "kind", "default", "domain", "help"):
+            assert getattr(m, field) == n[field], (
+                f"{name}.{field}: python says {getattr(m, field)!r}, the native table {n[field]!r}"
+            )
+
+
+@pytest.mark.timeout(30, func_only=True)
+def test_readme_documents_every_knob() -> None:
+    import smddp
+
+    with open(os.path.join(ROOT, "README.md")) as f:
+        readme = f.read()
+    rows = dict(re.findall(r"^\|\s*`(SMDDP_[A-Z0-9_]+)`\s*\|\s*`([^`]*)`", readme, flags=re.M))
+    knobs = {k.name: k for k in smddp.config.KNOBS}
+    assert set(rows) == set(knobs), (
+        f"README table and smddp.config disagree: only in README {sorted(set(rows) - set(knobs))}, "
+        f"undocumented {sorted(set(knobs) - set(rows))}"
+    )
+    for name, default in rows.items():
+        assert default == (knobs[name].default or "(empty)"), (
+            f"{name}: README default {default!r}, code {knobs[name].default!r}"
+        )
+
+
+# ---------------------------------------------------------------- init methods
+
+_INIT_SCRIPT = r"""
+import datetime, os, sys
+import torch
+import torch.distributed as dist
+if os.environ.get("IMPORT_SMDDP") == "1":
+    import smddp  # noqa: F401
+
+torch.set_num_threads(1)
+rank, world = int(sys.argv[1]), int(sys.argv[2])
+for method in sys.argv[3:]:
+    kwargs = {"rank": rank, "world_size": world} if not method.startswith("env") else {}
+    if method.startswith("env"):
+        # env://MASTER_PORT: take the port from the argument, the rest from RANK etc.
+        os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=method.split("//")[1],
+                          RANK=str(rank), WORLD_SIZE=str(world))
+        method = "env://"
+    dist.init_process_group("smddp", init_method=method, timeout=datetime.timedelta(seconds=60), **kwargs)
+    assert dist.get_backend() == "smddp", dist.get_backend()
+    be = dist.group.WORLD._get_backend(torch.device("cpu"))
+    assert type(be).__name__ == "ProcessGroupSMDDP", type(be)
+    t = torch.arange(4, dtype=torch.float32) + rank
+    dist.all_reduce(t)
+    want = [world * i + world * (world - 1) / 2 for i in range(4)]
+    assert t.tolist() == want, (method, t.tolist(), want)
+    out = torch.empty(2 * world, dtype=torch.int64)
+    dist.all_gather_into_tensor(out, torch.full((2,), rank, dtype=torch.int64))
+    assert out.tolist() == [r for r in range(world) for _ in range(2)], (method, out.tolist())
+    o = torch.empty(3)
+    dist.reduce_scatter_tensor(o, torch.ones(3 * world) * (rank + 1), op=dist.ReduceOp.AVG)
+    assert o.tolist() == [(world + 1) / 2] * 3, (method, o.tolist())
+    b = torch.full((5,), float(rank))
+    dist.broadcast(b, src=world - 1)
+    assert b.tolist() == [float(world - 1)] * 5, (method, b.tolist())
+    dist.barrier()
+    dist.destroy_process_group()
+    print(f"OK {method} rank {rank}", flush=True)
+print("IMPORTED" if "smddp" in sys.modules else "NOT-IMPORTED", flush=True)
+"""
+
+
+def _run_ranks(world: int, methods: list[str], import_smddp: bool, timeout: float) -> list[str]:
+    env = _clean_env()
+    env["IMPORT_SMDDP"] = "1" if import_smddp else "0"
+    procs = [
+        subprocess.Popen(
+            [sys.executable, "-c", _INIT_SCRIPT, str(rank), str(world), *methods],
+            env=env,
+            cwd=ROOT,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+        for rank in range(world)
+    ]
+    outs = []
+    deadline = time.monotonic() + timeout
+    try:
+        for rank, p in enumerate(procs):
+            out, err = p.communicate(timeout=max(1.0, deadline - time.monotonic()))
+            assert p.returncode == 0, f"rank {rank} exited with {p.returncode}:\n{out[-2000:]}\n{err[-4000:]}"
+            outs.append(out)
+    finally:
+        for p in procs:
+            if p.poll() is None:
+                p.kill()
+                p.wait()
+    return outs
+
+
+@pytest.mark.timeout(120, func_only=True)
+def test_every_init_method(tmp_path) -> None:
+    """env://, tcp:// and file:// in one pair of processes, one after the other."""
+    methods = [f"env://{_free_port()}", f"tcp://127.0.0.1:{_free_port()}", f"file://{tmp_path / 'init'}"]
+    outs = _run_ranks(2, methods, import_smddp=True, timeout=100)
+    for rank, out in enumerate(outs):
+        for method in ("env://", "tcp://", "file://"):
+            assert f"OK {method}" in out, f"rank {rank}: {method} did not finish:\n{out}"
+
+
+@pytest.mark.timeout(90, func_only=True)
+def test_world_size_one_without_import(tmp_path) -> None:
+    """torch >= 2.14 finds backend="smddp" through the torch.distributed.backends
+    entry point; at world size 1 with every init method."""
+    from importlib.metadata import entry_points
+
+    eps = [e for e in entry_points(group="torch.distributed.backends") if e.name == "smddp"]
+    assert [e.value for e in eps] == ["smddp:register"], f"entry points named smddp: {eps}"
+    methods = [f"env://{_free_port()}", f"tcp://127.0.0.1:{_free_port()}", f"file://{tmp_path / 'init1'}"]
+    (out,) = _run_ranks(1, methods, import_smddp=False, timeout=80)
+    for method in ("env://", "tcp://", "file://"):
+        assert f"OK {method}" in out, f"{method} did not finish:\n{out}"
+    # The script never imported smddp itself: torch did, through the entry point.
+    assert "IMPORTED" in out and "NOT-IMPORTED" not in out, out
+
+
+@pytest.mark.timeout(30, func_only=True)
+def test_registered_for_cpu_and_cuda() -> None:
+    import smddp
+
+    assert smddp.is_registered()
+    smddp.register()  # idempotent
+    assert dist.is_backend_available("smddp")
+    assert dist.Backend("smddp") == "smddp"
+    assert set(dist.Backend.backend_capability["smddp"]) == {"cpu", "cuda"}, dist.Backend.backend_capability["smddp"]
+
+
+# ---------------------------------------------------------------- what a group says
+
+
+def case_describe() -> dict:
+    torch.set_num_threads(1)
+    be = dist.group.WORLD._get_backend(torch.device("cpu"))
+    fb = be.fallback("cpu")
+    return {
+        "get_backend": dist.get_backend(),
+        "class": type(be).__name__,
+        "name": be.name(),
+        "describe": be.describe(),
+        "topology": be.topology(),
+        "fallback": type(fb).__name__ if fb is not None else None,
+    }
+
+
+def _expected_topology(rank: int, world: int, per_node: int) -> dict:
+    nodes = [list(range(n, min(n + per_node, world))) for n in range(0, world, per_node)]
+    node = rank // per_node
+    return {
+        "nodes": len(nodes),
+        "node": node,
+        "local_rank": rank % per_node,
+        "local_size": len(nodes[node]),
+        "uniform": len({len(n) for n in nodes}) == 1,
+        "node_ranks": nodes,
+    }
+
+
+@pytest.mark.timeout(90, func_only=True)
+@pytest.mark.parametrize(
+    "world, env",
+    [(4, {}), (4, {"SMDDP_RANKS_PER_NODE": "2"}), (3, {"SMDDP_RANKS_PER_NODE": "2"})],
+    ids=["w4", "w4-2-per-node", "w3-2-per-node"],
+)
+def test_describe_and_topology(pools, world: int, env: dict) -> None:
+    results = pools(world, **env).run(case_describe, timeout=60)
+    per_node = int(env.get("SMDDP_RANKS_PER_NODE", world))
+    nodes = -(-world // per_node)
+    for rank, r in enumerate(results):
+        assert r["get_backend"] == "smddp" and r["class"] == "ProcessGroupSMDDP" and r["name"] == "smddp", r
+        assert r["topology"] == _expected_topology(rank, world, per_node), f"rank {rank}: {r['topology']}"
+        d = r["describe"]
+        assert re.search(rf"\b{nodes} nodes?\b", d), f"rank {rank}: describe() does not say {nodes} node(s): {d!r}"
+        if nodes == 1:
+            assert f"{world} ranks" in d and d.startswith("shm"), f"rank {rank}: {d!r}"
+        assert r["fallback"] == "ProcessGroupGloo", f"rank {rank}: CPU fallback is {r['fallback']}"
+    assert len({r["describe"] for r in results}) == 1, [r["describe"] for r in results]
+
+
+def case_subgroup_topology(members: list[int]) -> dict | None:
+    torch.set_num_threads(1)
+    g = dist.new_group(ranks=members, backend="smddp")
+    if dist.get_rank() not in members:
+        return None
+    be = g._get_backend(torch.device("cpu"))
+    out = {"topology": be.topology(), "describe": be.describe(), "rank": dist.get_rank(g)}
+    dist.destroy_process_group(g)
+    return out
+
+
+@pytest.mark.timeout(60, func_only=True)
+def test_subgroup_topology(pools) -> None:
+    results = pools(4).run(case_subgroup_topology, [3, 1], timeout=40)
+    assert results[0] is None and results[2] is None
+    for rank in (1, 3):
+        r = results[rank]
+        want = _expected_topology(r["rank"], 2, 2)
+        assert r["topology"] == want, f"rank {rank}: {r['topology']}"
+        assert "2 ranks" in r["describe"], r["describe"]
+
+
+# ---------------------------------------------------------------- /dev/shm
+
+
+def case_segments_during_life() -> dict:
+    """This rank's pid, and the smddp entries of it in /dev/shm before and
+    after a fresh group is created, used and destroyed."""
+    torch.set_num_threads(1)
+    me = {os.getpid()}
+    g = dist.new_group(backend="smddp")
+    t = torch.ones(1 << 18)
+    dist.all_reduce(t, group=g)  # staged and single-copy paths both set up by now
+    dist.all_reduce(torch.ones(7), group=g)
+    during = _segments(me)
+    dist.destroy_process_group(g)
+    return {"pid": os.getpid(), "during": during, "after_destroy": _segments(me)}
+
+
+@pytest.mark.timeout(90, func_only=True)
+def test_nothing_left_in_dev_shm(pools) -> None:
+    # The ranks must exit to show that exiting leaves nothing: this test ends
+    # the pool (a later test gets a new one).
+    pool = pools(3)
+    try:
+        results = pool.run(case_segments_during_life, timeout=60)
+    finally:
+        pool.close()
+    pids = {r["pid"] for r in results}
+    for rank, r in enumerate(results):
+        assert not r["after_destroy"], f"rank {rank}: left after destroy_process_group: {r['after_destroy']}"
+    deadline = time.monotonic() + 10
+    while _segments(pids) and time.monotonic() < deadline:
+        time.sleep(0.1)  # the ranks have exited; give the kernel a moment
+    assert not _segments(pids), f"left in {SHM_DIR} after the ranks exited: {_segments(pids)}"
+
+
+def case_new_group() -> None:
+    torch.set_num_threads(1)
+    g = dist.new_group(backend="smddp")
+    dist.all_reduce(torch.ones(3), group=g)
+    dist.destroy_process_group(g)
+
+
+@pytest.mark.timeout(90, func_only=True)
+def test_stale_segments_are_swept(pools) -> None:
+    """A new group removes entries whose creator is gone, and only those."""
+    uid = os.getuid()
+    gone = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True)
+    dead_pid = int(gone.stdout)
+    with open(f"/proc/{os.getpid()}/stat") as f:
+        my_start = int(f.read().rsplit(")", 1)[1].split()[19])
+    token = os.urandom(16).hex()
+    stale = f"smddp-{uid}-{dead_pid}-12345-{token}"
+    reused = f"smddp-{uid}-{os.getpid()}-{my_start + 1}-{token}"  # the pid was recycled
+    alive = f"smddp-{uid}-{os.getpid()}-{my_start}-{token}"
+    paths = [os.path.join(SHM_DIR, n) for n in (stale, reused, alive)]
+    try:
+        for p in paths:
+            with open(p, "wb") as f:
+                f.write(b"\0" * 4096)
+            os.chmod(p, 0o600)
+        pools(2).run(case_new_group, timeout=60)
+        assert not os.path.exists(paths[0]), "an entry of a process that is gone was not removed"
+        assert not os.path.exists(paths[1]), "an entry of a recycled pid (other start time) was not removed"
+        assert os.path.exists(paths[2]), "the entry of a live process was removed"
+    finally:
+        for p in paths:
+            if os.path.exists(p):
+                os.unlink(p)
+
+
+# ---------------------------------------------------------------- the example
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(300, func_only=True)
+def test_example_under_torchrun() -> None:
+    torchrun = os.path.join(VENV_BIN, "torchrun")
+    cmd = [
+        torchrun,
+        "--nproc-per-node",
+        "4",
+        "--master-port",
+        str(_free_port()),
+        os.path.join(ROOT, "examples", "check_collectives.py"),
+        "--quick",
+    ]
+    proc = subprocess.run(cmd, env=_clean_env(), cwd=ROOT, capture_output=True, text=True, timeout=280)
+    assert proc.returncode == 0, f"exit {proc.returncode}\n{proc.stdout[-3000:]}\n{proc.stderr[-5000:]}"
+    assert "all collectives match the reference" in proc.stdout, proc.stdout
+    for op in ("all_reduce", "reduce_scatter_tensor", "all_gather_into_tensor", "broadcast (every root)", "barrier"):
+        assert re.search(rf"^{re.escape(op)}\s+[1-9]\d* cases\s+0 wrong.*ok$", proc.stdout, flags=re.M), (
+            f"no ok line for {op}:\n{proc.stdout}"
+        )
