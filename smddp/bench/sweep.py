@@ -5,11 +5,12 @@ exchange of timings) and creates one more group per benchmarked backend over
 all ranks. For every (op, dtype, size) the buffers are allocated once and
 shared by the backends; the backends then take turns in short blocks of
 iterations (ABBA order), so that a machine that slows down or speeds up during
-the run affects them alike. Every iteration starts after a barrier on the
-control group and its time is the slowest rank's; reported times are medians.
-The result of the last iteration of every block is checked against the
-expected value (smddp.bench.ops) after the output was poisoned, so a backend
-that writes nothing cannot pass.
+the run affects them alike. A block runs its iterations back to back after a
+barrier on the control group (as nccl-tests does); its time per iteration is
+the slowest rank's, and reported times are the median over blocks. After
+every block one more call, on freshly restored inputs into a poisoned output,
+is checked against the expected value (smddp.bench.ops), so a backend that
+writes nothing cannot pass.
 """
 
 from __future__ import annotations
@@ -48,7 +49,7 @@ class SweepSettings:
     time_per_point: float = 0.3  # seconds per backend and point
     min_iters: int = 5
     max_iters: int = 1000
-    rounds: int = 4
+    rounds: int = 8
     pg_timeout: float = 120.0
     json_path: str | None = None
     plot_path: str | None = None
@@ -199,27 +200,28 @@ class Sweep:
     def _block(
         self, fn: Callable[[], None], k: int, restore: Callable[[], None] | None
     ) -> tuple[list[float], float]:
-        """k timed iterations; per-iteration times (the slowest rank's) and the
-        block's wall time on this rank."""
-        local = []
+        """k iterations back to back after one barrier, as nccl-tests times
+        them (a barrier before every iteration would add its exit skew to
+        every small message); returns the block's time per iteration (the
+        slowest rank's) and the block's wall time on this rank."""
         start = time.perf_counter()
+        if restore is not None:
+            restore()
+        if self.cuda:
+            torch.cuda.synchronize()
+        dist.barrier(group=self.ctrl)
+        t0 = time.perf_counter()
         for _ in range(k):
-            if restore is not None:
-                restore()
-                if self.cuda:
-                    torch.cuda.synchronize()
-            dist.barrier(group=self.ctrl)
-            t0 = time.perf_counter()
             fn()
-            if self.cuda:
-                torch.cuda.synchronize()
-            local.append(time.perf_counter() - t0)
+        if self.cuda:
+            torch.cuda.synchronize()
+        per_iter = (time.perf_counter() - t0) / max(1, k)
         wall = time.perf_counter() - start
-        times = torch.tensor(local + [wall], dtype=torch.float64)
+        times = torch.tensor([per_iter, wall], dtype=torch.float64)
         if k:
             dist.all_reduce(times, op=dist.ReduceOp.MAX, group=self.ctrl)
         values = times.tolist()
-        return values[:-1], values[-1]
+        return values[:1] if k else [], values[-1]
 
     def _agree(self, error: BaseException | None) -> str | None:
         """Whether any rank failed; every rank gets the same answer."""
@@ -309,8 +311,14 @@ class Sweep:
                     continue
 
                 def run_block(b: str = b, k: int = k) -> tuple[list[float], int]:
-                    point.poison()
                     times, _ = self._block(calls[b], k, point.restore)
+                    # In-place ops drift over a block: check one fresh call.
+                    point.poison()
+                    if point.restore is not None:
+                        point.restore()
+                    calls[b]()
+                    if self.cuda:
+                        torch.cuda.synchronize()
                     return times, point.wrong()
 
                 res = attempt(b, run_block)
