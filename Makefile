@@ -27,8 +27,10 @@ $(VENV)/.deps: requirements-dev.txt
 
 venv: $(VENV)/.deps
 
+# Editable install of the package alone (entry points, metadata); the
+# extension is built in place by `build`, so that rebuilds are incremental.
 $(VENV)/.installed: $(VENV)/.deps setup.py
-	MAX_JOBS=$(JOBS) $(PIP) install --no-build-isolation --no-deps -e .
+	SMDDP_NO_EXTENSION=1 $(PIP) install --no-build-isolation --no-deps -e .
 	touch $@
 
 # Incremental rebuild of the extension in place (ninja recompiles what changed).

@@ -84,13 +84,18 @@ def make_extension():
     )
 
 
+# The Makefile installs the package editable without the extension
+# (SMDDP_NO_EXTENSION=1: metadata and entry points only) and then builds the
+# extension in place, so that rebuilds after that are incremental.
+EXT_MODULES = [] if os.environ.get("SMDDP_NO_EXTENSION") == "1" else [make_extension()]
+
 setup(
     name="smddp",
     version="0.1.0",
     description="Hierarchical AllGather/ReduceScatter/AllReduce backend for PyTorch",
     python_requires=">=3.10",
     packages=find_packages(include=["smddp", "smddp.*"]),
-    ext_modules=[make_extension()],
+    ext_modules=EXT_MODULES,
     cmdclass={"build_ext": BuildExtension.with_options(use_ninja=True)},
     entry_points={
         "torch.distributed.backends": ["smddp = smddp:register"],

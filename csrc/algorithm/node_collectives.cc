@@ -209,7 +209,7 @@ void NodeCollectives::reduceScatterStaged(const OpArgs& args) {
   const size_t rounds = std::max<size_t>(1, ceilDiv(args.count, chunk));
   const auto* in = static_cast<const uint8_t*>(args.in);
   auto* out = static_cast<uint8_t*>(args.out);
-  std::vector<const void*> srcs(static_cast<size_t>(L));
+  std::vector<const void*>& srcs = sources(L);
   openCall(args, kStaged);
   for (size_t t = 0; t < rounds; ++t) {
     const size_t off = t * chunk;
@@ -251,7 +251,7 @@ void NodeCollectives::reduceFromPeers(
       (size_t{1} << 20) / static_cast<size_t>(L - 1), 64 << 10, 256 << 10);
   const size_t chunk = std::max<size_t>(1, per_peer / es);
   uint8_t* buf = scratch(static_cast<size_t>(L) * chunk * es);
-  std::vector<const void*> srcs(static_cast<size_t>(L));
+  std::vector<const void*>& srcs = sources(L);
   auto* d = static_cast<uint8_t*>(dst);
   for (size_t off = 0; off < n; off += chunk) {
     const size_t m = std::min(chunk, n - off);
@@ -311,7 +311,7 @@ void NodeCollectives::allReduceStaged(const OpArgs& args) {
   const size_t rounds = std::max<size_t>(1, ceilDiv(args.count, chunk));
   const auto* in = static_cast<const uint8_t*>(args.in);
   auto* out = static_cast<uint8_t*>(args.out);
-  std::vector<const void*> srcs(static_cast<size_t>(L));
+  std::vector<const void*>& srcs = sources(L);
   openCall(args, kStaged);
   for (size_t t = 0; t < rounds; ++t) {
     const size_t off = t * chunk;

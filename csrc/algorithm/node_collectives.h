@@ -99,10 +99,16 @@ class NodeCollectives {
   void allReduceSingleCopy(const OpArgs& args);
 
   uint8_t* scratch(size_t bytes);
+  // A reusable array of `n` source pointers (no allocation per call).
+  std::vector<const void*>& sources(int n) {
+    sources_.assign(static_cast<size_t>(n), nullptr);
+    return sources_;
+  }
 
   transport::NodeArena& arena_;
   const Config config_;
   std::vector<uint8_t> scratch_;
+  std::vector<const void*> sources_;
 };
 
 } // namespace smddp::algorithm

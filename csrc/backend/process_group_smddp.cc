@@ -332,8 +332,8 @@ c10::intrusive_ptr<::c10d::Work> ProcessGroupSMDDP::submitNative(
     std::function<void(uint64_t, const Deadline&)> body,
     const CudaPath::Call* device_hooks) {
   const uint64_t seq = next_seq_.fetch_add(nseq);
-  std::string label = str(name, " #", seq);
   if (broken_.load()) {
+    const std::string label = str(name, " #", seq);
     std::lock_guard<std::mutex> lock(mu_);
     std::string first;
     try {
@@ -357,13 +357,13 @@ c10::intrusive_ptr<::c10d::Work> ProcessGroupSMDDP::submitNative(
       rank_,
       op_type,
       seq,
-      label,
+      name,
       outputs,
-      [this, seq, label, timeout, body = std::move(body)]() {
+      [this, seq, name, timeout, body = std::move(body)]() {
         try {
           body(seq, Deadline::after(timeout));
         } catch (...) {
-          std::rethrow_exception(translate(label, std::current_exception()));
+          std::rethrow_exception(translate(str(name, " #", seq), std::current_exception()));
         }
       },
       executor_,
@@ -376,7 +376,7 @@ c10::intrusive_ptr<::c10d::Work> ProcessGroupSMDDP::submitNative(
   try {
     executor_->submit(work, !async_op);
   } catch (const Error& e) {
-    work->fail(makeDistBackendError(str(where(name), label, ": ", e.what())));
+    work->fail(makeDistBackendError(str(where(name), work->label(), ": ", e.what())));
   }
   return work;
 }

@@ -3,6 +3,7 @@
 #include <c10/util/Exception.h>
 
 #include "backend/executor.h"
+#include "common/error.h"
 
 namespace smddp {
 
@@ -26,7 +27,7 @@ WorkSMDDP::WorkSMDDP(
     int rank,
     ::c10d::OpType op_type,
     uint64_t seq,
-    std::string label,
+    const char* name,
     std::vector<at::Tensor> outputs,
     std::function<void()> body,
     std::shared_ptr<Executor> executor,
@@ -35,12 +36,15 @@ WorkSMDDP::WorkSMDDP(
     const std::optional<std::vector<at::Tensor>>& inputs)
     : ::c10d::Work(rank, op_type, profiling_title, inputs),
       seq_(seq),
-      label_(std::move(label)),
+      name_(name),
       outputs_(std::move(outputs)),
       body_(std::move(body)),
       executor_(std::move(executor)),
-      timeout_(timeout),
-      future_(makeFuture(outputs_)) {}
+      timeout_(timeout) {}
+
+std::string WorkSMDDP::label() const {
+  return str(name_, " #", seq_);
+}
 
 WorkSMDDP::~WorkSMDDP() = default;
 
@@ -75,7 +79,29 @@ std::chrono::milliseconds WorkSMDDP::getTimeout() const {
 }
 
 c10::intrusive_ptr<c10::ivalue::Future> WorkSMDDP::getFuture() {
+  std::lock_guard<std::mutex> lock(future_mu_);
+  if (!future_) {
+    future_ = makeFuture(outputs_);
+    if (future_done_) {
+      markFuture();
+    }
+  }
   return future_;
+}
+
+void WorkSMDDP::markFuture() {
+  auto mark = [&] {
+    if (future_error_) {
+      future_->setError(future_error_);
+    } else {
+      future_->markCompleted(c10::IValue(outputs_));
+    }
+  };
+  if (context_) {
+    context_(mark);
+  } else {
+    mark();
+  }
 }
 
 void WorkSMDDP::run() {
@@ -96,17 +122,13 @@ void WorkSMDDP::fail(std::exception_ptr error) {
 }
 
 void WorkSMDDP::complete(std::exception_ptr error) {
-  auto mark = [&] {
-    if (error) {
-      future_->setError(error);
-    } else {
-      future_->markCompleted(c10::IValue(outputs_));
+  {
+    std::lock_guard<std::mutex> lock(future_mu_);
+    future_done_ = true;
+    future_error_ = error;
+    if (future_) {
+      markFuture();
     }
-  };
-  if (context_) {
-    context_(mark);
-  } else {
-    mark();
   }
   done_.store(true, std::memory_order_release);
   finish(error);
@@ -126,7 +148,7 @@ bool WorkSMDDP::wait(std::chrono::milliseconds timeout) {
         DistBackendError,
         false,
         "ProcessGroupSMDDP: wait() on ",
-        label_,
+        label(),
         " gave up after ",
         timeout.count(),
         " ms; the collective is still running and fails on its own when the "
@@ -153,7 +175,7 @@ c10::intrusive_ptr<::c10d::Work> makeCompletedWork(
       rank,
       op_type,
       0,
-      "a local operation",
+      "local operation",
       std::move(outputs),
       nullptr,
       nullptr,

@@ -3,8 +3,9 @@
 // Lifecycle: created by a collective call with its body (a closure that owns
 // the tensors), submitted to the group's Executor, run once (on the
 // executor's thread or on a thread that waits for it), then completed with
-// success or an exception. Completion marks the future first (DDP's comm
-// hooks chain on it) and then wakes wait().
+// success or an exception. Completion marks the future, if one was asked for
+// (DDP's comm hooks chain on it), and then wakes wait(); a future asked for
+// later is born completed.
 //
 // wait(timeout) first offers to run the work on the calling thread when it is
 // next in line and nothing else runs (a synchronous call then costs no thread
@@ -18,6 +19,7 @@
 #include <torch/csrc/distributed/c10d/Work.hpp>
 
 #include <atomic>
+#include <mutex>
 #include <functional>
 #include <memory>
 #include <string>
@@ -33,7 +35,7 @@ class WorkSMDDP : public ::c10d::Work {
       int rank,
       ::c10d::OpType op_type,
       uint64_t seq,
-      std::string label,
+      const char* name,
       std::vector<at::Tensor> outputs,
       std::function<void()> body,
       std::shared_ptr<Executor> executor,
@@ -67,20 +69,24 @@ class WorkSMDDP : public ::c10d::Work {
       std::function<bool()> gpu_done,
       std::function<void(const std::function<void()>&)> context);
 
-  const std::string& label() const {
-    return label_;
-  }
+  // "allreduce #12", for messages.
+  std::string label() const;
 
  private:
   void complete(std::exception_ptr error);
+  void markFuture();
 
   const uint64_t seq_;
-  const std::string label_;
+  const char* const name_;
   std::vector<at::Tensor> outputs_;
   std::function<void()> body_;
   std::shared_ptr<Executor> executor_;
   std::chrono::milliseconds timeout_;
+  // Made on the first getFuture() (most calls never ask for it).
+  std::mutex future_mu_;
   c10::intrusive_ptr<c10::ivalue::Future> future_;
+  bool future_done_ = false;
+  std::exception_ptr future_error_;
   std::atomic<bool> done_{false};
   std::function<void()> on_wait_;
   std::function<bool()> gpu_done_;
