@@ -201,6 +201,17 @@ def _batch(s: StepSettings, rank: int, step: int) -> tuple[Any, Any]:
     return x, torch.randn(s.tokens, s.width, generator=g)
 
 
+def _thread_times() -> tuple[float, float]:
+    """CPU seconds of the calling thread, and seconds it was ready to run but
+    waiting for a core (Linux's run-queue delay; 0 where it is not known)."""
+    try:
+        with open("/proc/thread-self/schedstat") as f:
+            cpu_ns, queued_ns = f.read().split()[:2]
+        return int(cpu_ns) / 1e9, int(queued_ns) / 1e9
+    except (OSError, ValueError):
+        return time.thread_time(), 0.0
+
+
 def _rank_main(backend: str, rank: int, s: StepSettings, conn: Any, init_file: str,
                env: dict[str, str]) -> None:  # pragma: no cover - runs in a child
     os.environ.update(env)
@@ -243,15 +254,16 @@ def _rank_main(backend: str, rank: int, s: StepSettings, conn: Any, init_file: s
             x, y = _batch(s, rank, msg)
             # Lines the ranks up outside the timed region (a no-op on fake).
             dist.barrier()
-            wall0, cpu0 = time.perf_counter(), time.thread_time()
+            wall0, (cpu0, queued0) = time.perf_counter(), _thread_times()
             loss = F.mse_loss(model(x).float(), y)
             loss.backward()
             optimizer.step()
             optimizer.zero_grad(set_to_none=True)
             wall = time.perf_counter() - wall0
-            # Off-CPU time of the training thread: blocked on communication.
-            wait = max(0.0, wall - (time.thread_time() - cpu0))
-            conn.send(("ok", (wall, wait, loss.item())))
+            cpu, queued = (t - t0 for t, t0 in zip(_thread_times(), (cpu0, queued0)))
+            # The training thread sleeps only when blocked on communication.
+            wait = max(0.0, wall - cpu - queued)
+            conn.send(("ok", (wall, wait, queued, loss.item())))
         except BaseException:
             conn.send(("error", traceback.format_exc()))
             break
@@ -319,7 +331,7 @@ class _Ranks:
                 results[rank] = payload
         return results
 
-    def step(self, step: int) -> list[tuple[float, float, float]]:
+    def step(self, step: int) -> list[tuple[float, float, float, float]]:
         for conn in self.conns:
             conn.send(step)
         return self.collect(f"step {step}")
@@ -344,8 +356,10 @@ class BackendResult:
     backend: str
     # Per timed step: the slowest rank's time (the step is as slow as it).
     step_s: list[float] = field(default_factory=list)
-    # Per timed step: the mean over ranks of the time blocked on communication.
+    # Per timed step, mean over ranks: time the training thread was blocked on
+    # communication, and time it was ready but waited for a core.
     comm_wait_s: list[float] = field(default_factory=list)
+    preempted_s: list[float] = field(default_factory=list)
     final_loss: float | None = None  # rank 0's, last timed step
 
     @property
@@ -355,6 +369,10 @@ class BackendResult:
     @property
     def median_wait_s(self) -> float:
         return statistics.median(self.comm_wait_s)
+
+    @property
+    def median_preempted_s(self) -> float:
+        return statistics.median(self.preempted_s)
 
 
 def run(s: StepSettings, progress: Any = None) -> dict[str, BackendResult]:
@@ -376,7 +394,8 @@ def run(s: StepSettings, progress: Any = None) -> dict[str, BackendResult]:
                 answers = ranks[b].step(i)
                 results[b].step_s.append(max(a[0] for a in answers))
                 results[b].comm_wait_s.append(statistics.fmean(a[1] for a in answers))
-                results[b].final_loss = answers[0][2]
+                results[b].preempted_s.append(statistics.fmean(a[2] for a in answers))
+                results[b].final_loss = answers[0][3]
             say(f"round {i + 1}/{s.steps}: "
                 + ", ".join(f"{b} {results[b].step_s[-1]:.3f} s" for b in s.backends))
     finally:
@@ -396,17 +415,20 @@ def format_table(s: StepSettings, results: dict[str, BackendResult]) -> str:
             f"{s.threads} thread(s) per rank")
     lines = [
         desc,
-        f"# median of {s.steps} interleaved steps after {s.warmup} warm-up; step time = "
-        "slowest rank; comm wait = mean over ranks of the training thread's off-CPU time",
+        f"# median of {s.steps} interleaved steps after {s.warmup} warm-up; step = slowest "
+        "rank; comm wait, preempted = mean over ranks of the time the training thread slept, "
+        "and waited for a core",
         f"{'backend':>8} {'step (s)':>9} {'min (s)':>8} {'comm wait (s)':>14} "
-        f"{'vs fake':>8} {'x smddp':>8} {'final loss':>11}",
+        f"{'preempted (s)':>14} {'vs fake':>8} {'x smddp':>8} {'final loss':>11}",
     ]
     for b, r in results.items():
-        over = f"{(r.median_s - fake.median_s) / fake.median_s:+.1%}" if fake and b != "fake" else "-"
+        over = "-"
+        if fake and b != "fake":
+            over = f"{(r.median_s - fake.median_s) / fake.median_s:+.1%}"
         ratio = f"{r.median_s / ref.median_s:.2f}" if ref else "-"
         loss = f"{r.final_loss:.6f}" if r.final_loss is not None and b != "fake" else "-"
         lines.append(f"{b:>8} {r.median_s:9.3f} {min(r.step_s):8.3f} {r.median_wait_s:14.3f} "
-                     f"{over:>8} {ratio:>8} {loss:>11}")
+                     f"{r.median_preempted_s:14.3f} {over:>8} {ratio:>8} {loss:>11}")
     if ref and fake and "gloo" in results:
         g = results["gloo"]
         lines.append(
@@ -434,6 +456,8 @@ def to_record(s: StepSettings, results: dict[str, BackendResult]) -> dict[str, A
             "comm_wait_s": r.comm_wait_s,
             "median_s": r.median_s,
             "median_comm_wait_s": r.median_wait_s,
+            "preempted_s": r.preempted_s,
+            "median_preempted_s": r.median_preempted_s,
             "overhead_vs_fake": (r.median_s - fake.median_s) / fake.median_s
             if fake and b != "fake" else None,
             "final_loss": r.final_loss,
@@ -459,10 +483,15 @@ def build_parser() -> argparse.ArgumentParser:
         description="Time one training step on CPU with smddp, gloo and torch's fake backend "
         "(collectives that do nothing): the cost of communication per step.",
         epilog="presets:\n" + "\n".join(f"  {k:7s} {v.help}" for k, v in PRESETS.items())
-        + "\n\nThe model is an MLP on random tokens with an MSE loss and AdamW. The ranks of"
-        " every backend are started first and then take turns, one step each, so that\n"
-        "the load of a shared machine falls on all of them alike. Each backend's ranks\n"
-        "use --threads intra-op threads; only one backend computes at a time.",
+        + "\n\nThe model is an MLP on random tokens with an MSE loss and AdamW. The ranks\n"
+        "of every backend are started first and then take turns, one step each, so\n"
+        "that the load of a shared machine falls on all of them alike. Each backend's\n"
+        "ranks use --threads intra-op threads; only one backend computes at a time.\n\n"
+        "step: the slowest rank's wall time of forward, backward and optimizer step.\n"
+        "comm wait: the time the training thread slept in the step (wall time minus its\n"
+        "CPU time and minus its run-queue delay, from /proc/thread-self/schedstat): it\n"
+        "sleeps only when blocked on a collective. preempted: the run-queue delay, time\n"
+        "lost to other processes; when it is large, the run was disturbed.",
         formatter_class=_HelpFormatter,
     )
     p.add_argument("--strategy", default="fsdp2", choices=STRATEGIES,
