@@ -496,14 +496,27 @@ c10::intrusive_ptr<::c10d::Work> ProcessGroupSMDDP::submit(
     CudaPath::Call call = cuda_->prepare(args.kind, args, inputs, outputs);
     return submitNative(op_type, name, outputs, inputs, async_op, 1, call.body, &call);
   }
-  // The closure keeps the tensors (and so the pointers in args) alive.
+  return submitOnHost(op_type, name, {args}, std::move(inputs), std::move(outputs), async_op);
+}
+
+c10::intrusive_ptr<::c10d::Work> ProcessGroupSMDDP::submitOnHost(
+    OpType op_type,
+    const char* name,
+    std::vector<algorithm::OpArgs> calls,
+    std::vector<at::Tensor> inputs,
+    std::vector<at::Tensor> outputs,
+    bool async_op) {
+  const size_t n = calls.size();
+  // The closure keeps the tensors (and so the pointers in calls) alive.
   return submitNative(
-      op_type, name, outputs, inputs, async_op, 1,
-      [this, args, inputs, outputs](uint64_t seq, const Deadline& deadline) {
-        algorithm::OpArgs a = args;
-        a.seq = seq;
-        a.deadline = deadline;
-        runOnHost(a);
+      op_type, name, outputs, inputs, async_op, n,
+      [this, calls = std::move(calls), inputs, outputs](uint64_t seq, const Deadline& deadline) {
+        for (size_t i = 0; i < calls.size(); ++i) {
+          algorithm::OpArgs a = calls[i];
+          a.seq = seq + i;
+          a.deadline = deadline;
+          runOnHost(a);
+        }
       });
 }
 
@@ -533,36 +546,24 @@ c10::intrusive_ptr<::c10d::Work> ProcessGroupSMDDP::allreduce_coalesced(
     std::vector<at::Tensor>& tensors,
     const ::c10d::AllreduceCoalescedOptions& opts) {
   static const char* kOp = "allreduce_coalesced";
-  bool native = communicator_ != nullptr && !tensors.empty();
-  for (const auto& t : tensors) {
-    native = native && t.defined() && t.is_cpu() && nativeReduce(t.scalar_type(), opts.reduceOp);
+  if (tensors.empty()) {
+    return makeCompletedWork(rank_, OpType::ALLREDUCE_COALESCED, {});
   }
-  if (!native) {
-    if (tensors.empty()) {
-      return makeCompletedWork(rank_, OpType::ALLREDUCE_COALESCED, {});
-    }
+  if (route(kOp, tensors, &opts.reduceOp) != Route::kHost) {
     return fallbackFor(tensors, kOp)->allreduce_coalesced(tensors, opts);
   }
-  std::vector<algorithm::ReduceSpec> specs;
+  std::vector<algorithm::OpArgs> calls;
   for (const auto& t : tensors) {
     checkDense(where(kOp), t, "tensor");
-    specs.push_back(makeReduceSpec(kOp, t.scalar_type(), opts.reduceOp));
+    algorithm::OpArgs a;
+    a.kind = CollectiveKind::kAllReduce;
+    a.reduce = makeReduceSpec(kOp, t.scalar_type(), opts.reduceOp);
+    a.in = t.data_ptr();
+    a.out = t.data_ptr();
+    a.count = static_cast<size_t>(t.numel());
+    calls.push_back(a);
   }
-  return submitNative(
-      OpType::ALLREDUCE_COALESCED, kOp, tensors, tensors, opts.asyncOp, tensors.size(),
-      [this, tensors, specs](uint64_t seq, const Deadline& deadline) {
-        for (size_t i = 0; i < tensors.size(); ++i) {
-          algorithm::OpArgs a;
-          a.kind = CollectiveKind::kAllReduce;
-          a.reduce = specs[i];
-          a.in = tensors[i].data_ptr();
-          a.out = tensors[i].data_ptr();
-          a.count = static_cast<size_t>(tensors[i].numel());
-          a.seq = seq + i;
-          a.deadline = deadline;
-          communicator_->allReduce(a);
-        }
-      });
+  return submitOnHost(OpType::ALLREDUCE_COALESCED, kOp, std::move(calls), tensors, tensors, opts.asyncOp);
 }
 
 c10::intrusive_ptr<::c10d::Work> ProcessGroupSMDDP::broadcast(
@@ -645,13 +646,12 @@ c10::intrusive_ptr<::c10d::Work> ProcessGroupSMDDP::allgather_into_tensor_coales
   if (inputs.empty()) {
     return makeCompletedWork(rank_, compat::opAllgatherIntoTensorCoalesced(), {});
   }
-  bool native = communicator_ != nullptr;
-  for (size_t i = 0; i < inputs.size(); ++i) {
-    native = native && inputs[i].is_cpu() && outputs[i].is_cpu();
-  }
-  if (!native) {
+  std::vector<at::Tensor> all = inputs;
+  all.insert(all.end(), outputs.begin(), outputs.end());
+  if (route(kOp, all, nullptr) != Route::kHost) {
     return fallbackFor(inputs, kOp)->allgather_into_tensor_coalesced(outputs, inputs, opts);
   }
+  std::vector<algorithm::OpArgs> calls;
   for (size_t i = 0; i < inputs.size(); ++i) {
     checkDense(where(kOp), inputs[i], "input");
     checkDense(where(kOp), outputs[i], "output");
@@ -668,23 +668,17 @@ c10::intrusive_ptr<::c10d::Work> ProcessGroupSMDDP::allgather_into_tensor_coales
         " x ",
         size_,
         " ranks");
+    MoveType m = moveType(inputs[i]);
+    algorithm::OpArgs a;
+    a.kind = CollectiveKind::kAllGather;
+    a.reduce.dtype = m.dtype;
+    a.in = inputs[i].data_ptr();
+    a.out = outputs[i].data_ptr();
+    a.count = m.count;
+    calls.push_back(a);
   }
-  return submitNative(
-      compat::opAllgatherIntoTensorCoalesced(), kOp, outputs, inputs, opts.asyncOp, inputs.size(),
-      [this, outputs, inputs](uint64_t seq, const Deadline& deadline) {
-        for (size_t i = 0; i < inputs.size(); ++i) {
-          MoveType m = moveType(inputs[i]);
-          algorithm::OpArgs a;
-          a.kind = CollectiveKind::kAllGather;
-          a.reduce.dtype = m.dtype;
-          a.in = inputs[i].data_ptr();
-          a.out = outputs[i].data_ptr();
-          a.count = m.count;
-          a.seq = seq + i;
-          a.deadline = deadline;
-          communicator_->allGather(a);
-        }
-      });
+  return submitOnHost(
+      compat::opAllgatherIntoTensorCoalesced(), kOp, std::move(calls), inputs, outputs, opts.asyncOp);
 }
 
 c10::intrusive_ptr<::c10d::Work> ProcessGroupSMDDP::allgather(
@@ -700,11 +694,9 @@ c10::intrusive_ptr<::c10d::Work> ProcessGroupSMDDP::allgather(
       size_,
       " tensors (one per rank)");
   at::Tensor in = inputs[0];
-  bool native = communicator_ != nullptr && in.is_cpu();
-  for (const auto& o : outputs[0]) {
-    native = native && o.defined() && o.is_cpu();
-  }
-  if (!native) {
+  std::vector<at::Tensor> all = outputs[0];
+  all.push_back(in);
+  if (route(kOp, all, nullptr) != Route::kHost) {
     return fallbackFor(inputs, kOp)->allgather(outputs, inputs, opts);
   }
   checkDense(where(kOp), in, "input");
@@ -753,10 +745,7 @@ c10::intrusive_ptr<::c10d::Work> ProcessGroupSMDDP::allgather_coalesced(
       size_,
       " output lists (one per rank), got ",
       outputs.size());
-  bool native = communicator_ != nullptr;
-  for (const auto& t : inputs) {
-    native = native && t.is_cpu();
-  }
+  std::vector<at::Tensor> all = inputs;
   for (const auto& list : outputs) {
     TORCH_CHECK(
         list.size() == inputs.size(),
@@ -765,12 +754,12 @@ c10::intrusive_ptr<::c10d::Work> ProcessGroupSMDDP::allgather_coalesced(
         inputs.size(),
         " tensors");
     for (size_t i = 0; i < list.size(); ++i) {
-      native = native && list[i].is_cpu();
       checkSameDtype(where(kOp), inputs[i], list[i]);
       TORCH_CHECK(list[i].numel() == inputs[i].numel(), where(kOp), "output ", i, " has the wrong size");
     }
+    all.insert(all.end(), list.begin(), list.end());
   }
-  if (!native) {
+  if (route(kOp, all, nullptr) != Route::kHost) {
     return fallbackFor(inputs, kOp)->allgather_coalesced(outputs, inputs, opts);
   }
   std::vector<at::Tensor> all_outs;
@@ -849,15 +838,12 @@ c10::intrusive_ptr<::c10d::Work> ProcessGroupSMDDP::reduce_scatter_tensor_coales
   if (inputs.empty()) {
     return makeCompletedWork(rank_, compat::opReduceScatterTensorCoalesced(), {});
   }
-  bool native = communicator_ != nullptr;
-  for (size_t i = 0; i < inputs.size(); ++i) {
-    native = native && inputs[i].is_cpu() && outputs[i].is_cpu() &&
-        nativeReduce(inputs[i].scalar_type(), opts.reduceOp);
-  }
-  if (!native) {
+  std::vector<at::Tensor> all = inputs;
+  all.insert(all.end(), outputs.begin(), outputs.end());
+  if (route(kOp, all, &opts.reduceOp) != Route::kHost) {
     return fallbackFor(inputs, kOp)->reduce_scatter_tensor_coalesced(outputs, inputs, opts);
   }
-  std::vector<algorithm::ReduceSpec> specs;
+  std::vector<algorithm::OpArgs> calls;
   for (size_t i = 0; i < inputs.size(); ++i) {
     checkDense(where(kOp), inputs[i], "input");
     checkDense(where(kOp), outputs[i], "output");
@@ -874,23 +860,16 @@ c10::intrusive_ptr<::c10d::Work> ProcessGroupSMDDP::reduce_scatter_tensor_coales
         " x ",
         size_,
         " ranks");
-    specs.push_back(makeReduceSpec(kOp, inputs[i].scalar_type(), opts.reduceOp));
+    algorithm::OpArgs a;
+    a.kind = CollectiveKind::kReduceScatter;
+    a.reduce = makeReduceSpec(kOp, inputs[i].scalar_type(), opts.reduceOp);
+    a.in = inputs[i].data_ptr();
+    a.out = outputs[i].data_ptr();
+    a.count = static_cast<size_t>(outputs[i].numel());
+    calls.push_back(a);
   }
-  return submitNative(
-      compat::opReduceScatterTensorCoalesced(), kOp, outputs, inputs, opts.asyncOp, inputs.size(),
-      [this, outputs, inputs, specs](uint64_t seq, const Deadline& deadline) {
-        for (size_t i = 0; i < inputs.size(); ++i) {
-          algorithm::OpArgs a;
-          a.kind = CollectiveKind::kReduceScatter;
-          a.reduce = specs[i];
-          a.in = inputs[i].data_ptr();
-          a.out = outputs[i].data_ptr();
-          a.count = static_cast<size_t>(outputs[i].numel());
-          a.seq = seq + i;
-          a.deadline = deadline;
-          communicator_->reduceScatter(a);
-        }
-      });
+  return submitOnHost(
+      compat::opReduceScatterTensorCoalesced(), kOp, std::move(calls), inputs, outputs, opts.asyncOp);
 }
 
 c10::intrusive_ptr<::c10d::Work> ProcessGroupSMDDP::reduce_scatter(
@@ -906,11 +885,9 @@ c10::intrusive_ptr<::c10d::Work> ProcessGroupSMDDP::reduce_scatter(
       size_,
       " tensors (one per rank)");
   at::Tensor out = outputs[0];
-  bool native = communicator_ != nullptr && out.is_cpu() && nativeReduce(out.scalar_type(), opts.reduceOp);
-  for (const auto& t : inputs[0]) {
-    native = native && t.defined() && t.is_cpu();
-  }
-  if (!native) {
+  std::vector<at::Tensor> all = inputs[0];
+  all.insert(all.begin(), out);
+  if (route(kOp, all, &opts.reduceOp) != Route::kHost) {
     return fallbackFor(outputs, kOp)->reduce_scatter(outputs, inputs, opts);
   }
   checkDense(where(kOp), out, "output");

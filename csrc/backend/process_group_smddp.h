@@ -166,6 +166,15 @@ class ProcessGroupSMDDP : public ::c10d::Backend {
       std::vector<at::Tensor> inputs,
       std::vector<at::Tensor> outputs,
       bool async_op);
+  // Runs `calls` one after the other on host memory as one Work (the
+  // coalesced forms); each takes its own sequence number.
+  Ptr<Work> submitOnHost(
+      ::c10d::OpType op_type,
+      const char* name,
+      std::vector<algorithm::OpArgs> calls,
+      std::vector<at::Tensor> inputs,
+      std::vector<at::Tensor> outputs,
+      bool async_op);
   void runOnHost(const algorithm::OpArgs& args);
   // Runs `body` as the native collective `label` (e.g. "allreduce"); takes
   // `nseq` sequence numbers (the first is passed to body).

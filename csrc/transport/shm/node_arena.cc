@@ -228,12 +228,17 @@ static inline bool reached(uint32_t value, uint32_t target) {
   return static_cast<int32_t>(value - target) >= 0;
 }
 
-void NodeArena::waitPhase(int l, uint32_t target, const Deadline& deadline) {
+void NodeArena::waitCounter(
+    int l,
+    std::atomic<uint32_t> RankControl::*counter,
+    uint32_t target,
+    const Deadline& deadline) {
   RankControl& peer = controls_[l];
+  std::atomic<uint32_t>& value = peer.*counter;
   waitUntil(
       peer.bell,
       [&] {
-        return reached(peer.phase.load(std::memory_order_acquire), target) ||
+        return reached(value.load(std::memory_order_acquire), target) ||
             header_->aborted.load(std::memory_order_relaxed) != 0;
       },
       options_.wait,
@@ -244,6 +249,10 @@ void NodeArena::waitPhase(int l, uint32_t target, const Deadline& deadline) {
       },
       [&] { return describePeer(l); });
   checkAborted();
+}
+
+void NodeArena::waitPhase(int l, uint32_t target, const Deadline& deadline) {
+  waitCounter(l, &RankControl::phase, target, deadline);
 }
 
 void NodeArena::waitAllPhase(uint32_t target, const Deadline& deadline) {
@@ -255,21 +264,7 @@ void NodeArena::waitAllPhase(uint32_t target, const Deadline& deadline) {
 }
 
 void NodeArena::waitProgress(int l, uint32_t target, const Deadline& deadline) {
-  RankControl& peer = controls_[l];
-  waitUntil(
-      peer.bell,
-      [&] {
-        return reached(peer.progress.load(std::memory_order_acquire), target) ||
-            header_->aborted.load(std::memory_order_relaxed) != 0;
-      },
-      options_.wait,
-      deadline,
-      [&] {
-        checkAborted();
-        checkAlive(l);
-      },
-      [&] { return describePeer(l); });
-  checkAborted();
+  waitCounter(l, &RankControl::progress, target, deadline);
 }
 
 void NodeArena::readFrom(int l, void* dst, uint64_t src, size_t bytes) {

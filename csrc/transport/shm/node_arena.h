@@ -184,6 +184,13 @@ class NodeArena {
   void waitAttached(const Deadline& deadline);
   void probeSingleCopy(const Deadline& deadline);
   std::string describePeer(int l) const;
+  // Waits until local rank l's `counter` reaches `target` (or the arena is
+  // aborted, or l exits).
+  void waitCounter(
+      int l,
+      std::atomic<uint32_t> RankControl::*counter,
+      uint32_t target,
+      const Deadline& deadline);
 
   Options options_;
   int local_rank_;
