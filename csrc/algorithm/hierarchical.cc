@@ -215,7 +215,7 @@ void HierarchicalCommunicator::allGather(const OpArgs& args) {
     }
     ringAllGather(
         railRing(args, false), out, offsets, std::vector<size_t>(static_cast<size_t>(N), b),
-        {args.seq, callDigest(args)}, args.deadline);
+        messageTag(args), args.deadline);
     return;
   }
   allGatherPipelined(args);
@@ -244,7 +244,7 @@ void HierarchicalCommunicator::allGatherPipelined(const OpArgs& args) {
     offsets.push_back(static_cast<size_t>(g) * b);
   }
   const uint32_t base = static_cast<uint32_t>(mine.aux);
-  const transport::MessageTag tag{args.seq, callDigest(args)};
+  const transport::MessageTag tag = messageTag(args);
 
   // Units, in the order every rank announces them: its own block's chunks,
   // then the rail's chunks as they land (step-major).
@@ -305,7 +305,7 @@ void HierarchicalCommunicator::reduceScatter(const OpArgs& args) {
     }
     ringReduceScatter(
         railRing(args, false), args.reduce, contrib, args.out, std::vector<size_t>(static_cast<size_t>(N), args.count),
-        true, true, {args.seq, callDigest(args)}, args.deadline, &ring_scratch_);
+        true, true, messageTag(args), args.deadline, &ring_scratch_);
     return;
   }
   reduceScatterPipelined(args);
@@ -339,7 +339,7 @@ void HierarchicalCommunicator::reduceScatterPipelined(const OpArgs& args) {
   contrib.ready = [&](int member, size_t c) {
     return partials_ready_.load(std::memory_order_acquire) >= order(member) * C + c + 1;
   };
-  const transport::MessageTag tag{args.seq, callDigest(args)};
+  const transport::MessageTag tag = messageTag(args);
 
   auto rail_stage = [&] {
     ringReduceScatter(
@@ -373,7 +373,7 @@ void HierarchicalCommunicator::allReduce(const OpArgs& args) {
     node_->allReduce(args);
     return;
   }
-  const transport::MessageTag tag{args.seq, callDigest(args)};
+  const transport::MessageTag tag = messageTag(args);
   if (L == 1) {
     ringAllReduce(
         railRing(args, false), args.reduce, args.in, args.out, args.count, true, true, tag, args.deadline,
@@ -426,7 +426,7 @@ void HierarchicalCommunicator::broadcast(const OpArgs& args) {
   }
   if (topo_.numNodes() > 1 && topo_.myLocalRank() == root_local) {
     try {
-      ringBroadcast(railRing(args, false), out, b, root_node, {args.seq, callDigest(args)}, args.deadline);
+      ringBroadcast(railRing(args, false), out, b, root_node, messageTag(args), args.deadline);
     } catch (const Error& e) {
       arena_->abort(e.what());
       throw;
@@ -445,7 +445,7 @@ void HierarchicalCommunicator::barrier(const OpArgs& args) {
     try {
       ringAllGather(
           railRing(args, false), nullptr, std::vector<size_t>(static_cast<size_t>(N), 0),
-          std::vector<size_t>(static_cast<size_t>(N), 0), {args.seq, callDigest(args)}, args.deadline);
+          std::vector<size_t>(static_cast<size_t>(N), 0), messageTag(args), args.deadline);
     } catch (const Error& e) {
       arena_->abort(e.what());
       throw;

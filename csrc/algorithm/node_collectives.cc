@@ -10,26 +10,6 @@ namespace smddp::algorithm {
 
 using transport::OpDesc;
 
-std::string describeOp(
-    CollectiveKind kind,
-    DataType dtype,
-    ReduceOp op,
-    uint64_t count,
-    int root) {
-  std::string s = str(collectiveName(kind), "(");
-  if (kind == CollectiveKind::kBarrier) {
-    return s + ")";
-  }
-  s += str(dataTypeName(dtype), ", ", count, count == 1 ? " element" : " elements");
-  if (kind == CollectiveKind::kReduceScatter || kind == CollectiveKind::kAllReduce) {
-    s += str(", ", reduceOpName(op));
-  }
-  if (kind == CollectiveKind::kBroadcast) {
-    s += str(", root ", root);
-  }
-  return s + ")";
-}
-
 namespace {
 
 size_t ceilDiv(size_t a, size_t b) {
@@ -105,7 +85,7 @@ void NodeCollectives::verifyDescs(const OpArgs& args) {
         ": #",
         p.seq,
         " ",
-        describeOp(
+        describeCall(
             static_cast<CollectiveKind>(p.kind),
             static_cast<DataType>(p.dtype),
             static_cast<ReduceOp>(p.redop),

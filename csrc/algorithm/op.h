@@ -34,12 +34,4 @@ struct OpArgs {
   }
 };
 
-// "allreduce(float32, 1024 elements, SUM)", for messages.
-std::string describeOp(
-    CollectiveKind kind,
-    DataType dtype,
-    ReduceOp op,
-    uint64_t count,
-    int root);
-
 } // namespace smddp::algorithm

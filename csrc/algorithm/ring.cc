@@ -27,24 +27,18 @@ std::vector<Channel*> channelsOf(const Ring& ring) {
   return {ring.next, ring.prev};
 }
 
-void mix(uint64_t* h, uint64_t v) {
-  for (int i = 0; i < 8; ++i) {
-    *h ^= (v >> (8 * i)) & 0xff;
-    *h *= 1099511628211ull;
-  }
-}
-
 } // namespace
 
-uint32_t callDigest(const OpArgs& args) {
-  uint64_t h = 1469598103934665603ull;
-  mix(&h, static_cast<uint64_t>(args.kind));
-  mix(&h, static_cast<uint64_t>(args.dtype()));
+transport::MessageTag messageTag(const OpArgs& args) {
+  transport::MessageTag t;
+  t.seq = args.seq;
+  t.kind = args.kind;
+  t.dtype = args.dtype();
   const bool reduces = args.kind == CollectiveKind::kAllReduce || args.kind == CollectiveKind::kReduceScatter;
-  mix(&h, reduces ? static_cast<uint64_t>(args.reduce.op) : 0);
-  mix(&h, args.count);
-  mix(&h, args.kind == CollectiveKind::kBroadcast ? static_cast<uint64_t>(args.root) : 0);
-  return static_cast<uint32_t>(h ^ (h >> 32));
+  t.redop = reduces ? args.reduce.op : ReduceOp::kSum;
+  t.root = args.kind == CollectiveKind::kBroadcast ? args.root : 0;
+  t.count = args.count;
+  return t;
 }
 
 size_t ringChunks(size_t max_block_bytes, size_t chunk_bytes) {

@@ -48,9 +48,9 @@ struct Ring {
   transport::DriveOptions drive;
 };
 
-// A 32-bit digest of what a call is (kind, dtype, count, op, root): equal on
-// every rank that makes the same call, carried by every message.
-uint32_t callDigest(const OpArgs& args);
+// What a call is (sequence number, kind, dtype, count, op, root), as every
+// message of it carries: equal on every rank that makes the same call.
+transport::MessageTag messageTag(const OpArgs& args);
 
 // Chunks per block: blocks of unequal size are cut alike (a chunk past the
 // end of a shorter block is an empty message), so every member agrees on

@@ -91,7 +91,7 @@ void RingCommunicator::allGather(const OpArgs& args) {
   }
   ringAllGather(
       ringFor(args), out, offsets, std::vector<size_t>(static_cast<size_t>(n), b),
-      {args.seq, callDigest(args)}, args.deadline);
+      messageTag(args), args.deadline);
 }
 
 void RingCommunicator::reduceScatter(const OpArgs& args) {
@@ -104,12 +104,12 @@ void RingCommunicator::reduceScatter(const OpArgs& args) {
   }
   ringReduceScatter(
       ringFor(args), args.reduce, contrib, args.out, std::vector<size_t>(static_cast<size_t>(n), args.count),
-      true, true, {args.seq, callDigest(args)}, args.deadline, &scratch_);
+      true, true, messageTag(args), args.deadline, &scratch_);
 }
 
 void RingCommunicator::allReduce(const OpArgs& args) {
   ringAllReduce(
-      ringFor(args), args.reduce, args.in, args.out, args.count, true, true, {args.seq, callDigest(args)},
+      ringFor(args), args.reduce, args.in, args.out, args.count, true, true, messageTag(args),
       args.deadline, &scratch_);
 }
 
@@ -119,14 +119,14 @@ void RingCommunicator::broadcast(const OpArgs& args) {
   if (topo_.rank() == args.root) {
     copyBytes(out, args.in, b);
   }
-  ringBroadcast(ringFor(args), out, b, args.root, {args.seq, callDigest(args)}, args.deadline);
+  ringBroadcast(ringFor(args), out, b, args.root, messageTag(args), args.deadline);
 }
 
 void RingCommunicator::barrier(const OpArgs& args) {
   const int n = topo_.size();
   ringAllGather(
       ringFor(args), nullptr, std::vector<size_t>(static_cast<size_t>(n), 0),
-      std::vector<size_t>(static_cast<size_t>(n), 0), {args.seq, callDigest(args)}, args.deadline);
+      std::vector<size_t>(static_cast<size_t>(n), 0), messageTag(args), args.deadline);
 }
 
 void RingCommunicator::abort(const std::string& why) {

@@ -1,5 +1,7 @@
 #include "common/types.h"
 
+#include "common/error.h"
+
 namespace smddp {
 
 size_t elementSize(DataType t) {
@@ -95,6 +97,26 @@ bool reduceOpSupported(DataType t, ReduceOp op) {
     return isFloating(t);
   }
   return true;
+}
+
+std::string describeCall(
+    CollectiveKind kind,
+    DataType dtype,
+    ReduceOp op,
+    uint64_t count,
+    int root) {
+  std::string s = str(collectiveName(kind), "(");
+  if (kind == CollectiveKind::kBarrier) {
+    return s + ")";
+  }
+  s += str(dataTypeName(dtype), ", ", count, count == 1 ? " element" : " elements");
+  if (kind == CollectiveKind::kReduceScatter || kind == CollectiveKind::kAllReduce) {
+    s += str(", ", reduceOpName(op));
+  }
+  if (kind == CollectiveKind::kBroadcast) {
+    s += str(", root ", root);
+  }
+  return s + ")";
 }
 
 } // namespace smddp

@@ -4,6 +4,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <string>
 
 namespace smddp {
 
@@ -45,6 +46,9 @@ const char* dataTypeName(DataType t);
 const char* reduceOpName(ReduceOp op);
 const char* collectiveName(CollectiveKind kind);
 bool isFloating(DataType t);
+
+// "allreduce(float32, 1024 elements, SUM)", for messages.
+std::string describeCall(CollectiveKind kind, DataType dtype, ReduceOp op, uint64_t count, int root);
 
 // Whether `op` is defined on `t`: AVG and PREMUL_SUM need a floating type;
 // on bool, SUM/MAX mean OR and PRODUCT/MIN mean AND.

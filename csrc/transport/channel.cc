@@ -9,6 +9,37 @@
 
 namespace smddp::transport {
 
+void throwDisagreement(
+    int peer,
+    const MessageTag& got,
+    uint64_t got_bytes,
+    int me,
+    const MessageTag& want,
+    uint64_t want_bytes) {
+  SMDDP_THROW(
+      kMismatch,
+      "ranks disagree on collective #",
+      want.seq,
+      ": rank ",
+      peer,
+      " sent ",
+      got_bytes,
+      " bytes of #",
+      got.seq,
+      " ",
+      got.describe(),
+      ", rank ",
+      me,
+      " expected ",
+      want_bytes,
+      " bytes of #",
+      want.seq,
+      " ",
+      want.describe(),
+      ". Every rank of a group must make the same collective calls in the same order, with the same "
+      "sizes, dtypes and reduce ops");
+}
+
 void drive(
     const std::vector<Channel*>& channels,
     const std::function<bool()>& step,

@@ -22,15 +22,40 @@
 #include <vector>
 
 #include "common/clock.h"
+#include "common/types.h"
 #include "transport/shm/futex.h"
 
 namespace smddp::transport {
 
-// Identifies the collective a message belongs to (checked on receipt).
+// The collective a message belongs to: checked on receipt, and named in the
+// error when the ranks disagree. Fields that do not matter for a call are 0
+// (redop unless it reduces, root unless it broadcasts).
 struct MessageTag {
-  uint64_t seq = 0;   // the collective's sequence number
-  uint32_t call = 0;  // a digest of (kind, dtype, count, op), equal on all ranks
+  uint64_t seq = 0;  // the collective's sequence number
+  CollectiveKind kind = CollectiveKind::kBarrier;
+  DataType dtype = DataType::kUInt8;
+  ReduceOp redop = ReduceOp::kSum;
+  int32_t root = 0;
+  uint64_t count = 0;
+
+  bool sameCall(const MessageTag& o) const {
+    return seq == o.seq && kind == o.kind && dtype == o.dtype && redop == o.redop && root == o.root &&
+        count == o.count;
+  }
+  std::string describe() const {
+    return describeCall(kind, dtype, redop, count, root);
+  }
 };
+
+// The error for a message of `got` (`got_bytes` long) from rank `peer`
+// where this rank (`me`) expected `want` (`want_bytes`).
+[[noreturn]] void throwDisagreement(
+    int peer,
+    const MessageTag& got,
+    uint64_t got_bytes,
+    int me,
+    const MessageTag& want,
+    uint64_t want_bytes);
 
 class Channel {
  public:

@@ -17,6 +17,20 @@
 using namespace smddp;
 using namespace smddp::transport;
 
+namespace {
+
+// The tag of an AllGather of `count` bytes, collective `seq`.
+MessageTag gatherTag(uint64_t seq, uint64_t count) {
+  MessageTag t;
+  t.seq = seq;
+  t.kind = CollectiveKind::kAllGather;
+  t.dtype = DataType::kUInt8;
+  t.count = count;
+  return t;
+}
+
+} // namespace
+
 SMDDP_TEST(siphash_reference_vectors) {
   // Key 00..0f; messages 00..(n-1) (Aumasson and Bernstein, appendix A).
   SipKey key;
@@ -38,15 +52,15 @@ SMDDP_TEST(frame_parser_rejects_malformed_headers) {
   SipKey key{1, 2};
   FrameHeader h;
   h.type = FrameType::kData;
-  h.seq = 7;
-  h.call = 99;
+  h.tag = gatherTag(7, 99);
   h.from = 3;
   h.length = 1 << 20;
   uint8_t buf[kFrameHeaderBytes];
   encodeFrameHeader(h, key, buf);
   FrameHeader out;
   EXPECT_EQ(decodeFrameHeader(buf, key, &out), std::string());
-  EXPECT_EQ(out.seq, uint64_t{7});
+  EXPECT_EQ(out.tag.seq, uint64_t{7});
+  EXPECT_TRUE(out.tag.sameCall(h.tag));
   EXPECT_EQ(out.length, uint64_t{1} << 20);
 
   // Every single-byte corruption is caught (magic, version, fields, check).
@@ -118,7 +132,7 @@ SMDDP_TEST(strangers_are_dropped_and_peers_talk) {
       for (size_t i = 0; i < in.size(); ++i) {
         in[i] = static_cast<uint32_t>(i * 3);
       }
-      MessageTag tag{1, 42};
+      MessageTag tag = gatherTag(1, 42);
       ch.postRecv(out.data(), out.size() * 4, tag);
       ch.postSend(in.data(), in.size() * 4, tag);
       drive({&ch}, nullptr, [&] { return ch.sendsDone() == 1 && ch.recvsDone() == 1; },
@@ -134,7 +148,7 @@ SMDDP_TEST(strangers_are_dropped_and_peers_talk) {
       for (size_t i = 0; i < in.size(); ++i) {
         in[i] = static_cast<uint32_t>(i + 1);
       }
-      MessageTag tag{1, 42};
+      MessageTag tag = gatherTag(1, 42);
       ch.postSend(in.data(), in.size() * 4, tag);
       ch.postRecv(out.data(), out.size() * 4, tag);
       drive({&ch}, nullptr, [&] { return ch.sendsDone() == 1 && ch.recvsDone() == 1; },
@@ -154,14 +168,15 @@ SMDDP_TEST(peer_errors_are_reported) {
     SocketChannel& ch = mesh.channel(1 - rank);
     auto run = [&](size_t bytes, uint32_t call) {
       std::vector<uint8_t> in(bytes), out(bytes);
-      ch.postSend(in.data(), in.size(), MessageTag{5, call});
-      ch.postRecv(out.data(), out.size(), MessageTag{5, call});
+      ch.postSend(in.data(), in.size(), gatherTag(5, bytes + call));
+      ch.postRecv(out.data(), out.size(), gatherTag(5, bytes + call));
       drive({&ch}, nullptr, [&] { return ch.sendsDone() == 1 && ch.recvsDone() == 1; },
             Deadline::after(std::chrono::seconds(5)), DriveOptions{});
     };
     // The ranks disagree on the size: each receiver names both sizes.
     EXPECT_THROWS(run(rank == 0 ? 100 : 200, 9), kMismatch,
-                  rank == 0 ? "sent a message of 200 bytes" : "sent a message of 100 bytes");
+                  rank == 0 ? "rank 1 sent 200 bytes of #5 allgather(uint8, 209 elements), rank 0 expected 100 bytes"
+                            : "rank 0 sent 100 bytes of #5 allgather(uint8, 109 elements), rank 1 expected 200 bytes");
   });
   dir = ::smddp::test::tempDir();
   ::smddp::test::runRanks(
@@ -179,7 +194,7 @@ SMDDP_TEST(peer_errors_are_reported) {
         }
         store.get("aborted");
         std::vector<uint8_t> out(16);
-        ch.postRecv(out.data(), out.size(), MessageTag{1, 1});
+        ch.postRecv(out.data(), out.size(), gatherTag(1, 16));
         EXPECT_THROWS(
             drive({&ch}, nullptr, [&] { return ch.recvsDone() == 1; }, Deadline::after(std::chrono::seconds(5)),
                   DriveOptions{}),
@@ -198,7 +213,7 @@ SMDDP_TEST(peer_errors_are_reported) {
         }
         SocketChannel& ch = mesh.channel(1);
         std::vector<uint8_t> out(16);
-        ch.postRecv(out.data(), out.size(), MessageTag{1, 1});
+        ch.postRecv(out.data(), out.size(), gatherTag(1, 16));
         auto t0 = std::chrono::steady_clock::now();
         EXPECT_THROWS(
             drive({&ch}, nullptr, [&] { return ch.recvsDone() == 1; }, Deadline::after(std::chrono::seconds(20)),

@@ -48,13 +48,12 @@ bool ShmChannel::progress() {
       const size_t n = std::min(pieceCapacity(), op.bytes - op.off);
       uint8_t* slot = arena_.slot(me_, pieces_sent_);
       PieceHeader h{};
-      h.seq = op.tag.seq;
-      h.call = op.tag.call;
+      h.tag = op.tag;
       h.bytes = op.bytes;
       h.offset = op.off;
       h.length = n;
       std::memcpy(slot, &h, sizeof(h));
-      copyBytes(slot + sizeof(h), op.src + op.off, n);
+      copyBytes(slot + kPieceHeaderBytes, op.src + op.off, n);
       op.off += n;
       op.all_written = op.off == op.bytes;
       op.last_piece = ++pieces_sent_;
@@ -85,28 +84,11 @@ bool ShmChannel::progress() {
     const uint8_t* slot = arena_.slot(peer_local_, pieces_received_);
     PieceHeader h;
     std::memcpy(&h, slot, sizeof(h));
-    if (h.seq != op.tag.seq || h.call != op.tag.call || h.bytes != op.bytes || h.offset != op.off ||
-        h.length > pieceCapacity() || h.offset + h.length > op.bytes) {
-      SMDDP_THROW(
-          kMismatch,
-          "ranks disagree on collective #",
-          op.tag.seq,
-          ": rank ",
-          peer_rank_,
-          " sent a message of ",
-          h.bytes,
-          " bytes for collective #",
-          h.seq,
-          " (call ",
-          h.call,
-          "), this rank expected ",
-          op.bytes,
-          " bytes (call ",
-          op.tag.call,
-          "). Every rank of a group must make the same collective calls in the same order, "
-          "with the same sizes, dtypes and reduce ops");
+    if (!h.tag.sameCall(op.tag) || h.bytes != op.bytes || h.offset != op.off || h.length > pieceCapacity() ||
+        h.offset + h.length > op.bytes) {
+      throwDisagreement(peer_rank_, h.tag, h.bytes, arena_.groupRankOf(me_), op.tag, op.bytes);
     }
-    copyBytes(op.dst + op.off, slot + sizeof(h), h.length);
+    copyBytes(op.dst + op.off, slot + kPieceHeaderBytes, h.length);
     op.off += h.length;
     ++pieces_received_;
     out.acked.store(pieces_received_, std::memory_order_release);

@@ -43,15 +43,12 @@ class ShmChannel : public Channel {
 
  private:
   struct PieceHeader {
-    uint64_t seq;
-    uint32_t call;
-    uint32_t pad;
+    MessageTag tag;
     uint64_t bytes;   // the whole message
     uint64_t offset;  // of this piece in it
     uint64_t length;  // of this piece
-    uint64_t reserved[3];
   };
-  static_assert(sizeof(PieceHeader) == 64, "one cache line");
+  static_assert(sizeof(PieceHeader) <= 64, "one cache line");
 
   struct Op {
     const uint8_t* src = nullptr;
@@ -63,8 +60,10 @@ class ShmChannel : public Channel {
     bool all_written = false;
   };
 
+  // Payloads start a cache line in.
+  static constexpr size_t kPieceHeaderBytes = 64;
   size_t pieceCapacity() const {
-    return arena_.slotBytes() - sizeof(PieceHeader);
+    return arena_.slotBytes() - kPieceHeaderBytes;
   }
 
   NodeArena& arena_;

@@ -37,8 +37,7 @@ uint64_t SocketChannel::postSend(const void* buf, size_t bytes, const MessageTag
   op.id = id;
   FrameHeader h;
   h.type = FrameType::kData;
-  h.seq = tag.seq;
-  h.call = tag.call;
+  h.tag = tag;
   h.from = static_cast<uint32_t>(my_rank_);
   h.length = bytes;
   encodeFrameHeader(h, key_, op.header);
@@ -167,27 +166,8 @@ bool SocketChannel::progressRecvs(Stream& s) {
       return moved;
     }
     RecvOp& op = s.recvs.front();
-    if (s.current.seq != op.tag.seq || s.current.call != op.tag.call || s.current.length != op.bytes) {
-      SMDDP_THROW(
-          kMismatch,
-          "ranks disagree on collective #",
-          op.tag.seq,
-          ": rank ",
-          peer_,
-          " sent a message of ",
-          s.current.length,
-          " bytes for collective #",
-          s.current.seq,
-          " (call ",
-          s.current.call,
-          "), rank ",
-          my_rank_,
-          " expected ",
-          op.bytes,
-          " bytes (call ",
-          op.tag.call,
-          "). Every rank of a group must make the same collective calls in the "
-          "same order, with the same sizes, dtypes and reduce ops");
+    if (!s.current.tag.sameCall(op.tag) || s.current.length != op.bytes) {
+      throwDisagreement(peer_, s.current.tag, s.current.length, my_rank_, op.tag, op.bytes);
     }
     while (s.payload_got < op.bytes) {
       ssize_t r = ::recv(s.fd.get(), op.buf + s.payload_got, op.bytes - s.payload_got, MSG_DONTWAIT);
