@@ -17,7 +17,7 @@ from dataclasses import dataclass
 class Knob:
     name: str
     agree: bool  # must be the same on every rank of a group
-    kind: str  # choice, bytes, int, bool or string
+    kind: str  # choice, bytes, int, autoint / autobytes ("auto" or a value), bool or string
     default: str
     domain: str  # choices ("a|b") or range ("lo..hi")
     help: str
@@ -42,13 +42,18 @@ KNOBS: tuple[Knob, ...] = (
     Knob("SMDDP_SINGLE_COPY", True, "choice", "auto", "auto|on|off",
          "Read peers' buffers directly (cross-memory attach) instead of staging through "
          "shared memory; auto chooses by message size."),
-    Knob("SMDDP_SINGLE_COPY_MIN_BYTES", True, "bytes", "512K", "0..1T",
+    Knob("SMDDP_SINGLE_COPY_MIN_BYTES", True, "autobytes", "auto", "0..1T",
          "With SMDDP_SINGLE_COPY=auto, the per-rank message size from which the single-copy "
-         "path is used."),
+         "path is used (AllReduce: at least 128K per rank); auto: 32K, or 1M when the host's "
+         "ranks outnumber its CPUs."),
     Knob("SMDDP_SHM_SLOT_BYTES", True, "bytes", "1M", "4K..1G",
          "Staging buffer of each rank in the node's shared-memory segment."),
-    Knob("SMDDP_SPIN_US", False, "int", "20", "0..1000000",
-         "Microseconds a waiting rank spins before it yields and then sleeps."),
+    Knob("SMDDP_SPIN_US", False, "autoint", "auto", "0..1000000",
+         "Microseconds a waiting rank spins before it yields its CPU; auto: 20, or 0 when the "
+         "host's ranks outnumber its CPUs."),
+    Knob("SMDDP_YIELD_US", False, "autoint", "auto", "0..1000000",
+         "Microseconds a waiting rank then yields its CPU to runnable peers before it sleeps on "
+         "a futex; auto: 20, or 2000 when the host's ranks outnumber its CPUs."),
     Knob("SMDDP_SOCKET_IFNAME", False, "string", "", "",
          "Network interface (name) or address of the inter-node sockets; empty: the address "
          "this host uses to reach the store."),
@@ -102,6 +107,10 @@ def markdown_table() -> str:
         values = k.domain.replace("|", ", ") if k.kind == "choice" else (k.domain or k.kind)
         if k.kind == "bytes":
             values = f"bytes, {k.domain} (K/M/G suffixes)"
+        elif k.kind == "autoint":
+            values = f"auto, or {k.domain}"
+        elif k.kind == "autobytes":
+            values = f"auto, or bytes {k.domain} (K/M/G suffixes)"
         rows.append(f"| `{k.name}` | `{k.default or '(empty)'}` | {values} | {k.help} |")
     return "\n".join(rows)
 

@@ -10,8 +10,12 @@
 namespace smddp::algorithm {
 
 transport::WaitPolicy waitPolicyOf(const Config& config) {
+  // With more ranks than cores, a spinning waiter keeps the core from the
+  // very peer it waits for: yield at once, and for longer.
+  const bool oversubscribed = config.oversubscribed();
   transport::WaitPolicy p;
-  p.spin_us = config.spin_us;
+  p.spin_us = config.spin_us >= 0 ? config.spin_us : (oversubscribed ? 0 : 20);
+  p.yield_us = config.yield_us >= 0 ? config.yield_us : (oversubscribed ? 2000 : 20);
   return p;
 }
 

@@ -31,8 +31,18 @@ bool NodeCollectives::useSingleCopy(size_t bytes_per_rank) const {
     case Tristate::kOff:
       return false;
     default:
-      return bytes_per_rank >= config_.single_copy_min_bytes;
+      return bytes_per_rank >= singleCopyMinBytes();
   }
+}
+
+size_t NodeCollectives::singleCopyMinBytes() const {
+  if (config_.single_copy_min_bytes != kAutoBytes) {
+    return config_.single_copy_min_bytes;
+  }
+  // Measured: a cross-memory read beats two copies through the staging slots
+  // from about 32K per rank, but with more ranks than CPUs its system calls
+  // and page pinning cost more than the copies save until about 1M.
+  return config_.oversubscribed() ? (size_t{1} << 20) : (size_t{32} << 10);
 }
 
 uint8_t* NodeCollectives::scratch(size_t bytes) {
@@ -276,7 +286,9 @@ void NodeCollectives::allReduce(const OpArgs& args) {
     finalizeInPlace(args.reduce, args.out, args.count, true);
     return;
   }
-  if (useSingleCopy(b / static_cast<size_t>(localSize()))) {
+  // Single-copy AllReduce takes three rounds to the staged path's one or two.
+  const size_t slice = b / static_cast<size_t>(localSize());
+  if (useSingleCopy(slice) && (config_.single_copy != Tristate::kAuto || slice >= (size_t{128} << 10))) {
     allReduceSingleCopy(args);
   } else {
     allReduceStaged(args);
@@ -292,6 +304,11 @@ void NodeCollectives::allReduceStaged(const OpArgs& args) {
   const auto* in = static_cast<const uint8_t*>(args.in);
   auto* out = static_cast<uint8_t*>(args.out);
   std::vector<const void*>& srcs = sources(L);
+  // Every rank reducing the whole chunk costs L times the reduction work but
+  // saves a round: measured, worth it at 2 ranks and for small chunks.
+  constexpr size_t kSplitBytes = size_t{128} << 10;
+  const bool split = L > 2 && static_cast<size_t>(L - 1) * std::min(args.count, chunk) * es >
+      kSplitBytes;
   openCall(args, kStaged);
   for (size_t t = 0; t < rounds; ++t) {
     const size_t off = t * chunk;
@@ -302,11 +319,31 @@ void NodeCollectives::allReduceStaged(const OpArgs& args) {
     if (t == 0) {
       verifyDescs(args);
     }
-    // Every rank reduces the same slots in the same order: identical results.
-    for (int l = 0; l < L; ++l) {
-      srcs[l] = arena_.slot(l, parity);
+    if (!split) {
+      // Every rank reduces the same slots in the same order: identical results.
+      for (int l = 0; l < L; ++l) {
+        srcs[l] = arena_.slot(l, parity);
+      }
+      reduce(args.reduce, out + off * es, srcs.data(), L, n, true, true);
+      continue;
     }
-    reduce(args.reduce, out + off * es, srcs.data(), L, n, true, true);
+    // Rank l reduces slice l (in the same order as above, so the results do
+    // not depend on the path) into its slot of the other parity, which no one
+    // reads before the next round; then everyone gathers the slices. The
+    // input slots are next written only after the next round, when every
+    // rank has finished reading them.
+    const Slices slices{n, static_cast<size_t>(L)};
+    for (int l = 0; l < L; ++l) {
+      srcs[l] = arena_.slot(l, parity) + slices.begin(me) * es;
+    }
+    reduce(args.reduce, arena_.slot(me, parity + 1) + slices.begin(me) * es, srcs.data(), L,
+           slices.size(me), true, true);
+    round(args.deadline);
+    for (int k = 0; k < L; ++k) {
+      const int l = (me + k) % L;
+      copyBytes(out + (off + slices.begin(l)) * es, arena_.slot(l, parity + 1) + slices.begin(l) * es,
+                slices.size(l) * es);
+    }
   }
 }
 

@@ -67,6 +67,7 @@ class NodeCollectives {
 
   // Whether a call moving `bytes_per_rank` takes the single-copy path.
   bool useSingleCopy(size_t bytes_per_rank) const;
+  size_t singleCopyMinBytes() const;
 
  // The building blocks, public for the hierarchical schedules that run a
   // node stage of their own.

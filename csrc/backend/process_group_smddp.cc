@@ -1,6 +1,8 @@
 #include "backend/process_group_smddp.h"
 
 #include <c10/util/Exception.h>
+#include <cstdlib>
+#include <sstream>
 #include <torch/csrc/distributed/c10d/PrefixStore.hpp>
 #include <torch/csrc/distributed/c10d/TCPStore.hpp>
 
@@ -173,16 +175,36 @@ ProcessGroupSMDDP::ProcessGroupSMDDP(
     }
     const int global_rank =
         global_ranks_.empty() ? rank : static_cast<int>(global_ranks_[static_cast<size_t>(rank)]);
-    auto keys = storeAllGather(
-        st,
-        "smddp/node",
-        rank,
-        size,
-        toBytes(topology::nodeKey(topology::hostIdentity(), global_rank, config_.ranks_per_node)));
+    // Each rank's global rank, CPUs and host: the node keys, and whether the
+    // host has more ranks than CPUs (the "auto" settings), decided alike by
+    // every rank of the host.
+    const std::string host = topology::hostIdentity();
+    auto places = storeAllGather(
+        st, "smddp/node", rank, size, toBytes(str(global_rank, " ", topology::usableCpus(), " ", host)));
     std::vector<std::string> node_keys;
-    for (auto& k : keys) {
-      node_keys.push_back(toString(k));
+    int host_ranks = 0;
+    int host_cpus = 0;
+    for (auto& p : places) {
+      std::istringstream place(toString(p));
+      int peer_rank = 0;
+      int peer_cpus = 0;
+      std::string peer_host;
+      place >> peer_rank >> peer_cpus;
+      place.get();
+      std::getline(place, peer_host);
+      node_keys.push_back(topology::nodeKey(peer_host, peer_rank, config_.ranks_per_node));
+      if (peer_host == host) {
+        ++host_ranks;
+        host_cpus = host_cpus == 0 ? peer_cpus : std::min(host_cpus, peer_cpus);
+      }
     }
+    // A sub-group shares the host with the rest of the job (torchrun says
+    // how many ranks it started here).
+    if (const char* local_world = std::getenv("LOCAL_WORLD_SIZE")) {
+      host_ranks = std::max(host_ranks, std::atoi(local_world));
+    }
+    config_.host_ranks = host_ranks;
+    config_.host_cpus = host_cpus;
     topology_ = std::make_unique<topology::Topology>(rank, node_keys);
     algorithm::NetOptions net;
     net.store_host = storeHost(store);
@@ -234,8 +256,8 @@ std::string ProcessGroupSMDDP::describe() const {
                        : str("fallback only, ", topology_->describe());
 }
 
-std::string ProcessGroupSMDDP::where(const char* op) const {
-  return str("ProcessGroupSMDDP::", op, " (rank ", rank_, " of ", size_, "): ");
+std::ostream& operator<<(std::ostream& os, const Where& w) {
+  return os << "ProcessGroupSMDDP::" << w.op << " (rank " << w.rank << " of " << w.size << "): ";
 }
 
 // ------------------------------------------------------------ plumbing
@@ -278,7 +300,7 @@ bool ProcessGroupSMDDP::nativeReduce(at::ScalarType dtype, const ::c10d::ReduceO
 
 namespace {
 
-void checkDense(const std::string& where, const at::Tensor& t, const char* what) {
+void checkDense(const Where& where, const at::Tensor& t, const char* what) {
   TORCH_CHECK(t.defined(), where, what, " is undefined");
   TORCH_CHECK(
       t.layout() == at::kStrided,
@@ -298,7 +320,7 @@ void checkDense(const std::string& where, const at::Tensor& t, const char* what)
       "); call .contiguous() on it first");
 }
 
-void checkSameDevice(const std::string& where, const at::Tensor& a, const at::Tensor& b) {
+void checkSameDevice(const Where& where, const at::Tensor& a, const at::Tensor& b) {
   TORCH_CHECK(
       a.device() == b.device(),
       where,
@@ -309,7 +331,7 @@ void checkSameDevice(const std::string& where, const at::Tensor& a, const at::Te
       ")");
 }
 
-void checkSameDtype(const std::string& where, const at::Tensor& a, const at::Tensor& b) {
+void checkSameDtype(const Where& where, const at::Tensor& a, const at::Tensor& b) {
   TORCH_CHECK(
       a.scalar_type() == b.scalar_type(),
       where,

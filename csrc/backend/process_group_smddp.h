@@ -40,6 +40,15 @@
 
 namespace smddp {
 
+// "ProcessGroupSMDDP::allreduce (rank 0 of 4): ", formatted only when an
+// error message is built: the checks of every call pass one around.
+struct Where {
+  const char* op;
+  int rank;
+  int size;
+};
+std::ostream& operator<<(std::ostream& os, const Where& w);
+
 class ProcessGroupSMDDP : public ::c10d::Backend {
  public:
   using Work = ::c10d::Work;
@@ -199,7 +208,9 @@ class ProcessGroupSMDDP : public ::c10d::Backend {
       const char* op,
       at::ScalarType dtype,
       const ::c10d::ReduceOp& rop) const;
-  std::string where(const char* op) const;
+  Where where(const char* op) const {
+    return Where{op, rank_, size_};
+  }
 
   const std::string group_name_;
   std::vector<int64_t> global_ranks_;

@@ -137,6 +137,39 @@ void parse_int(
   *out = static_cast<int>(x);
 }
 
+void parse_autobytes(
+    size_t* out,
+    const char* name,
+    const std::string& v,
+    const std::string& d) {
+  if (lower(trim(v)) == "auto") {
+    *out = kAutoBytes;
+    return;
+  }
+  parse_bytes(out, name, v, d);
+}
+
+void parse_autoint(
+    int* out,
+    const char* name,
+    const std::string& v,
+    const std::string& d) {
+  if (lower(trim(v)) == "auto") {
+    *out = -1;
+    return;
+  }
+  std::string t = trim(v);
+  char* end = nullptr;
+  errno = 0;
+  long long x = std::strtoll(t.c_str(), &end, 10);
+  if (t.empty() || errno != 0 || *end != '\0') {
+    SMDDP_THROW(kConfig, name, "='", v, "' is neither auto nor an integer; use auto or ", d,
+                " or unset it");
+  }
+  checkRange(name, v, d, static_cast<long double>(x));
+  *out = static_cast<int>(x);
+}
+
 void parse_bool(
     bool* out,
     const char* name,

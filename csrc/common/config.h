@@ -20,13 +20,15 @@ namespace smddp {
 
 enum class Algo { kAuto, kRing, kHierarchical };
 enum class Tristate { kAuto, kOn, kOff };
+constexpr size_t kAutoBytes = static_cast<size_t>(-1);
 
 // X(field, ENV_NAME, agree, kind, default, domain, help)
 // agree: every rank of a group must have the same value (it shapes the
 // schedules); checked when a group is created.
 // kinds and their domain: choice ('|'-separated values), bytes (integer with
 // an optional K/M/G suffix, domain "lo..hi"), int (domain "lo..hi"), bool
-// (0/1/true/false/on/off), string (any).
+// (0/1/true/false/on/off), string (any), autoint ("auto", stored as -1, or
+// an int in the domain), autobytes ("auto", stored as kAutoBytes, or bytes).
 #define SMDDP_CONFIG_KNOBS(X)                                                  \
   X(algo, "SMDDP_ALGO", true, choice, "auto", "auto|ring|hierarchical",              \
     "Schedule of AllGather/ReduceScatter/AllReduce: auto picks from topology " \
@@ -46,14 +48,20 @@ enum class Tristate { kAuto, kOn, kOff };
   X(single_copy, "SMDDP_SINGLE_COPY", true, choice, "auto", "auto|on|off",           \
     "Read peers' buffers directly (cross-memory attach) instead of staging "   \
     "through shared memory; auto chooses by message size.")                    \
-  X(single_copy_min_bytes, "SMDDP_SINGLE_COPY_MIN_BYTES", true, bytes, "512K",       \
+  X(single_copy_min_bytes, "SMDDP_SINGLE_COPY_MIN_BYTES", true, autobytes, "auto",   \
     "0..1T",                                                                   \
     "With SMDDP_SINGLE_COPY=auto, the per-rank message size from which the "   \
-    "single-copy path is used.")                                               \
+    "single-copy path is used (AllReduce: at least 128K per rank); auto: 32K, "\
+    "or 1M when the host's ranks outnumber its CPUs.")                         \
   X(shm_slot_bytes, "SMDDP_SHM_SLOT_BYTES", true, bytes, "1M", "4K..1G",             \
     "Staging buffer of each rank in the node's shared-memory segment.")        \
-  X(spin_us, "SMDDP_SPIN_US", false, int, "20", "0..1000000",                         \
-    "Microseconds a waiting rank spins before it yields and then sleeps.")     \
+  X(spin_us, "SMDDP_SPIN_US", false, autoint, "auto", "0..1000000",                   \
+    "Microseconds a waiting rank spins before it yields its CPU; auto: 20, "   \
+    "or 0 when the host's ranks outnumber its CPUs.")                          \
+  X(yield_us, "SMDDP_YIELD_US", false, autoint, "auto", "0..1000000",                 \
+    "Microseconds a waiting rank then yields its CPU to runnable peers before "\
+    "it sleeps on a futex; auto: 20, or 2000 when the host's ranks outnumber " \
+    "its CPUs.")                                                               \
   X(socket_ifname, "SMDDP_SOCKET_IFNAME", false, string, "", "",                      \
     "Network interface (name) or address of the inter-node sockets; empty: "   \
     "the address this host uses to reach the store.")                          \
@@ -78,15 +86,25 @@ struct Config {
   std::string log_level;
   bool shm = true;
   Tristate single_copy = Tristate::kAuto;
-  size_t single_copy_min_bytes = 0;
+  size_t single_copy_min_bytes = kAutoBytes;
   size_t shm_slot_bytes = 0;
-  int spin_us = 0;
+  int spin_us = -1;
+  int yield_us = -1;
   std::string socket_ifname;
   int socket_streams = 0;
   int cuda_ranks_per_gpu = 0;
   size_t cuda_staging_bytes = 0;
   int cuda_reduce_blocks = 0;
   std::string cuda_inter_node;
+
+  // Not knobs: how many ranks of the job run on this host and the fewest
+  // CPUs any of them may use, set alike on every rank of a host by the
+  // backend when it creates a group; they resolve the "auto" values.
+  int host_ranks = 0;
+  int host_cpus = 0;
+  bool oversubscribed() const {
+    return host_cpus > 0 && host_ranks > host_cpus;
+  }
 
   // Reads every knob from the environment (getenv by default); unset or
   // empty means the default. Throws Error(kConfig) naming the first bad

@@ -1,7 +1,9 @@
 #include "topology/topology.h"
 
+#include <sched.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <fstream>
 #include <map>
 
@@ -74,6 +76,15 @@ std::string hostIdentity() {
     std::getline(f, boot);
   }
   return str(host, "/", boot);
+}
+
+int usableCpus() {
+  cpu_set_t set;
+  CPU_ZERO(&set);
+  if (::sched_getaffinity(0, sizeof(set), &set) == 0) {
+    return std::max(1, CPU_COUNT(&set));
+  }
+  return std::max(1L, ::sysconf(_SC_NPROCESSORS_ONLN));
 }
 
 std::string nodeKey(

@@ -76,6 +76,9 @@ class Topology {
 // containers that share a hostname but not memory are told apart.
 std::string hostIdentity();
 
+// CPUs this process may run on (its affinity mask), at least 1.
+int usableCpus();
+
 // The node key of a rank: its host identity, plus the emulated node index
 // when ranks_per_node > 0.
 std::string nodeKey(const std::string& host, int global_rank, int ranks_per_node);

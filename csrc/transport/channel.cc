@@ -88,8 +88,13 @@ void drive(
     if (idle_since == 0) {
       idle_since = now;
     }
-    if (now - idle_since < static_cast<uint64_t>(options.policy.spin_us) * 1000) {
+    const uint64_t idle = now - idle_since;
+    if (idle < static_cast<uint64_t>(options.policy.spin_us) * 1000) {
       cpuRelax();
+      continue;
+    }
+    if (idle < static_cast<uint64_t>(options.policy.spin_us + options.policy.yield_us) * 1000) {
+      yieldThread();
       continue;
     }
     if (deadline.expired()) {

@@ -2,6 +2,7 @@
 // that names the variable.
 #include <map>
 
+#include "algorithm/communicator.h"
 #include "common/config.h"
 #include "harness.h"
 
@@ -74,4 +75,39 @@ SMDDP_TEST(describe_lists_every_knob_once) {
       EXPECT_TRUE(knobs[i].name != knobs[j].name);
     }
   }
+}
+
+SMDDP_TEST(auto_values_and_their_resolution) {
+  Config c = withEnv({});
+  EXPECT_EQ(c.spin_us, -1);
+  EXPECT_EQ(c.yield_us, -1);
+  EXPECT_EQ(c.single_copy_min_bytes, kAutoBytes);
+  Config d = withEnv({{"SMDDP_SPIN_US", "Auto"}, {"SMDDP_YIELD_US", "7"},
+                      {"SMDDP_SINGLE_COPY_MIN_BYTES", "64K"}});
+  EXPECT_EQ(d.spin_us, -1);
+  EXPECT_EQ(d.yield_us, 7);
+  EXPECT_EQ(d.single_copy_min_bytes, size_t{64} << 10);
+  EXPECT_THROWS(withEnv({{"SMDDP_YIELD_US", "soon"}}), kConfig, "neither auto nor an integer");
+  EXPECT_THROWS(withEnv({{"SMDDP_SPIN_US", "-5"}}), kConfig, "out of range");
+  EXPECT_THROWS(withEnv({{"SMDDP_SINGLE_COPY_MIN_BYTES", "lots"}}), kConfig,
+                "SMDDP_SINGLE_COPY_MIN_BYTES");
+
+  // Enough CPUs: spin, then yield briefly. More ranks than CPUs: yield at once.
+  c.host_ranks = 2;
+  c.host_cpus = 2;
+  EXPECT_TRUE(!c.oversubscribed());
+  auto p = algorithm::waitPolicyOf(c);
+  EXPECT_EQ(p.spin_us, 20);
+  EXPECT_EQ(p.yield_us, 20);
+  c.host_ranks = 4;
+  EXPECT_TRUE(c.oversubscribed());
+  p = algorithm::waitPolicyOf(c);
+  EXPECT_EQ(p.spin_us, 0);
+  EXPECT_EQ(p.yield_us, 2000);
+  // Explicit values win.
+  d.host_ranks = 4;
+  d.host_cpus = 2;
+  p = algorithm::waitPolicyOf(d);
+  EXPECT_EQ(p.spin_us, 0);
+  EXPECT_EQ(p.yield_us, 7);
 }

@@ -1,7 +1,7 @@
 // Waiting on shared memory without burning the CPU that the peer needs.
 //
 // A waiter spins for `spin_us` (the peer is usually running on another core
-// and answers in well under a microsecond), then yields a few times (on an
+// and answers in well under a microsecond), then yields for `yield_us` (on an
 // oversubscribed host the peer may be waiting for this very core), then
 // sleeps on a futex in slices of at most kSliceMs, calling `check` between
 // slices (peer liveness, group abort) and giving up at the deadline.
@@ -36,7 +36,9 @@ constexpr int kSliceMs = 50;
 
 struct WaitPolicy {
   int spin_us = 20;
-  int yields = 16;
+  // Yielding hands the core to a runnable peer at once; when the host has
+  // more ranks than cores, the awaited peer is often waiting for this core.
+  int yield_us = 20;
 };
 
 // Called between sleeps; throws to abandon the wait (peer died, abort).
@@ -85,11 +87,14 @@ void waitUntil(
       }
     }
   }
-  for (int i = 0; i < policy.yields; ++i) {
-    yieldThread();
-    if (pred()) {
-      return;
-    }
+  if (policy.yield_us > 0) {
+    const uint64_t until = nowNs() + static_cast<uint64_t>(policy.yield_us) * 1000;
+    do {
+      yieldThread();
+      if (pred()) {
+        return;
+      }
+    } while (nowNs() < until);
   }
   while (true) {
     uint32_t seen = bell.word.load(std::memory_order_seq_cst);
