@@ -93,7 +93,9 @@ void drive(
       cpuRelax();
       continue;
     }
-    if (idle < static_cast<uint64_t>(options.policy.spin_us + options.policy.yield_us) * 1000) {
+    // Yield only for shared-memory peers: a socket's data wakes poll().
+    if (some_bell &&
+        idle < static_cast<uint64_t>(options.policy.spin_us + options.policy.yield_us) * 1000) {
       yieldThread();
       continue;
     }

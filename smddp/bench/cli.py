@@ -33,6 +33,9 @@ _OP_ALIASES = {
     "bcast": "broadcast",
 }
 _KNOWN_BACKENDS = ("smddp", "gloo", "nccl", "ucc", "mpi", "xccl")
+# smddp:ring, smddp:hierarchical: smddp with SMDDP_ALGO set for that group,
+# so that schedules are compared interleaved in one run.
+SMDDP_ALGOS = ("auto", "ring", "hierarchical")
 
 
 def _size_arg(text: str) -> int:
@@ -86,13 +89,19 @@ def parse_backends(text: str, device: str) -> tuple[str, ...]:
     if not names:
         raise ValueError("no backend given")
     for n in names:
-        if n not in _KNOWN_BACKENDS:
+        base, _, algo = n.partition(":")
+        if base not in _KNOWN_BACKENDS:
             raise ValueError(f"unknown backend {n!r} (choose from {', '.join(_KNOWN_BACKENDS)})")
+        if _ and (base != "smddp" or algo not in SMDDP_ALGOS):
+            raise ValueError(
+                f"unknown backend {n!r}: a schedule is chosen as smddp:ring, smddp:hierarchical "
+                "or smddp:auto"
+            )
     import torch.distributed as dist
 
     for n in names:
         available = getattr(dist, f"is_{n}_available", None)
-        if n != "smddp" and available is not None and not available():
+        if not n.startswith("smddp") and available is not None and not available():
             raise ValueError(f"backend {n!r} is not built into this torch")
     if len(set(names)) != len(names):
         raise ValueError(f"a backend is listed twice: {text!r}")
@@ -146,7 +155,8 @@ def build_parser() -> argparse.ArgumentParser:
         "--backends",
         default=None,
         help="comma list; the first is compared with each other one "
-        "(default: smddp,gloo on CPU, smddp,nccl on GPU)",
+        "(default: smddp,gloo on CPU, smddp,nccl on GPU); smddp:ring and "
+        "smddp:hierarchical are smddp with that SMDDP_ALGO",
     )
     g = p.add_argument_group("what to run")
     g.add_argument(

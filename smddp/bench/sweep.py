@@ -442,6 +442,23 @@ class Sweep:
         self.out.flush()
 
 
+def _new_group(name: str, timeout: Any) -> Any:
+    """The group of one backend column; "smddp:ring" is smddp with SMDDP_ALGO=ring
+    (a group reads the SMDDP_* variables when it is created)."""
+    base, _, algo = name.partition(":")
+    if not algo:
+        return dist.new_group(backend=base, timeout=timeout)
+    saved = os.environ.get("SMDDP_ALGO")
+    os.environ["SMDDP_ALGO"] = algo
+    try:
+        return dist.new_group(backend=base, timeout=timeout)
+    finally:
+        if saved is None:
+            del os.environ["SMDDP_ALGO"]
+        else:
+            os.environ["SMDDP_ALGO"] = saved
+
+
 def run_rank(
     settings: SweepSettings, rank: int, world: int, init_method: str, local_rank: int
 ) -> int:
@@ -469,7 +486,7 @@ def run_rank(
     )
     try:
         ctrl = dist.group.WORLD
-        groups = {b: dist.new_group(backend=b, timeout=timeout) for b in settings.backends}
+        groups = {b: _new_group(b, timeout) for b in settings.backends}
         topology = detect_topology(world, ctrl)
         sweep = Sweep(settings, rank, world, ctrl, groups, device, topology)
         rows = sweep.run()
