@@ -1,6 +1,6 @@
 """Builds smddp: the Python package and its native extension smddp._C.
 
-CPU sources are always built. CUDA sources (csrc/cuda) are built when torch
+CPU sources are always built. CUDA sources (csrc/*/cuda/) are built when torch
 has CUDA and nvcc is found; SMDDP_WITH_CUDA=1 insists on them (and fails if
 they cannot be built), SMDDP_WITH_CUDA=0 leaves them out.
 

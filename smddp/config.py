@@ -102,7 +102,7 @@ def apply_log_level() -> None:
 
 def markdown_table() -> str:
     """The README's table of knobs."""
-    rows = ["| variable | default | values | meaning |", "|---|---|---|---|"]
+    rows = ["| variable | default | values | agree | meaning |", "|---|---|---|---|---|"]
     for k in KNOBS:
         values = k.domain.replace("|", ", ") if k.kind == "choice" else (k.domain or k.kind)
         if k.kind == "bytes":
@@ -111,7 +111,8 @@ def markdown_table() -> str:
             values = f"auto, or {k.domain}"
         elif k.kind == "autobytes":
             values = f"auto, or bytes {k.domain} (K/M/G suffixes)"
-        rows.append(f"| `{k.name}` | `{k.default or '(empty)'}` | {values} | {k.help} |")
+        agree = "agree" if k.agree else ""
+        rows.append(f"| `{k.name}` | `{k.default or '(empty)'}` | {values} | {agree} | {k.help} |")
     return "\n".join(rows)
 
 

@@ -145,7 +145,7 @@ def case_streams_overlap_and_lifetime():
     return failures
 
 
-@pytest.mark.timeout(600)
+@pytest.mark.timeout(140)
 @pytest.mark.parametrize("world", [2, 4])
 def test_cuda_collectives_one_node(pools, world):
     if not torch.cuda.is_available():
@@ -153,16 +153,16 @@ def test_cuda_collectives_one_node(pools, world):
     per_gpu = max(1, world // torch.cuda.device_count())
     pool = pools(world, SMDDP_CUDA_RANKS_PER_GPU=str(per_gpu), SMDDP_CUDA_STAGING_BYTES="1M")
     sizes = [0, 1, 7, 4099, (1 << 20) + 3]
-    for failures in pool.run(case_collectives, sizes, timeout=500):
+    for failures in pool.run(case_collectives, sizes, timeout=120):
         assert failures == []
-    for failures in pool.run(case_streams_overlap_and_lifetime, timeout=300):
+    for failures in pool.run(case_streams_overlap_and_lifetime, timeout=120):
         assert failures == []
 
 
-@pytest.mark.timeout(600)
+@pytest.mark.timeout(140)
 def test_cuda_collectives_emulated_nodes(pools):
     if not torch.cuda.is_available():
         pytest.skip("no GPU")
     pool = pools(4, SMDDP_CUDA_RANKS_PER_GPU="4", SMDDP_RANKS_PER_NODE="2")
-    for failures in pool.run(case_collectives, [0, 5, 4099], timeout=500):
+    for failures in pool.run(case_collectives, [0, 5, 4099], timeout=120):
         assert failures == []

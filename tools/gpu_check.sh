@@ -2,7 +2,8 @@
 # On a machine with a GPU: builds smddp's CUDA path against the machine's
 # torch, runs the GPU tests and the GPU benchmarks, and writes everything to
 # one log, ${OUT:-gpu-results}/gpu_check.log (plus kernels.json and
-# collectives.json). Meant to finish in under 8 minutes on one H200.
+# collectives.json). Every step is capped; the caps add up to under 8
+# minutes on one H200.
 #
 #   OUT=/some/dir tools/gpu_check.sh
 set -uo pipefail
@@ -22,7 +23,7 @@ $PY -c "import torch; print('torch', torch.__version__, 'cuda', torch.version.cu
 step build
 # One architecture is enough here and halves nvcc's work.
 export SMDDP_CUDA_ARCHS=${SMDDP_CUDA_ARCHS:-90}
-if ! SMDDP_WITH_CUDA=1 MAX_JOBS=$(nproc) timeout 300 $PY setup.py -q build_ext --inplace; then
+if ! SMDDP_WITH_CUDA=1 MAX_JOBS=$(nproc) timeout 200 $PY setup.py -q build_ext --inplace; then
   echo "BUILD FAILED"
   exit 1
 fi
@@ -30,13 +31,13 @@ export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}"
 $PY -c "import smddp; print('smddp with cuda:', smddp._C.with_cuda)"
 
 step "GPU tests"
-timeout 240 $PY -m pytest -q -m gpu tests/test_cuda.py -p no:cacheprovider || status=1
+timeout 150 $PY -m pytest -q -m gpu tests/test_cuda.py -p no:cacheprovider || status=1
 
 step "reduction kernel against device-to-device copy"
-timeout 90 $PY bench/gpu_kernels.py --json "$OUT/kernels.json" || status=1
+timeout 50 $PY bench/gpu_kernels.py --json "$OUT/kernels.json" || status=1
 
 step "collectives, 2 ranks sharing the GPU"
-timeout 120 $PY bench/gpu_collectives.py --nproc 2 --json "$OUT/collectives.json" || status=1
+timeout 70 $PY bench/gpu_collectives.py --nproc 2 --json "$OUT/collectives.json" || status=1
 
 step "done (status $status)"
 exit $status

@@ -427,6 +427,10 @@ std::exception_ptr ProcessGroupSMDDP::translate(
       // Peers waiting on this rank learn of the failure now, not at timeout.
       communicator_->abort(msg);
     }
+    if (cuda_) {
+      // Node peers may wait in the CUDA path's own arena.
+      cuda_->abort(msg);
+    }
     SMDDP_LOG(kError, msg);
     return makeDistBackendError(msg);
   } catch (const c10::Error&) {

@@ -65,7 +65,19 @@ void WorkSMDDP::setDeviceHooks(
 }
 
 void WorkSMDDP::synchronize() {
-  if (on_wait_ && done_.load(std::memory_order_acquire) && !exception_) {
+  if (!on_wait_) {
+    return;
+  }
+  // The end event exists once the host part has run: wait for it (errors
+  // surface in wait(), not here), then make the caller's stream wait.
+  if (!done_.load(std::memory_order_acquire)) {
+    if (executor_) {
+      executor_->runIfNext(this);
+    }
+    std::unique_lock<std::mutex> lock(mutex_);
+    cv_.wait(lock, [&] { return completed_; });
+  }
+  if (!exception_) {
     on_wait_();
   }
 }
