@@ -927,6 +927,9 @@ VARIANT_CONFIGS = [
     # 4 KiB slots: every size above a few hundred elements takes many
     # pipelined rounds through the staged path.
     Config(3, (("SMDDP_SHM_SLOT_BYTES", "4096"), ("SMDDP_SINGLE_COPY", "off"))),
+    # Waiting by futex alone (no spinning, no yielding); the default configs
+    # cover spinning (2 ranks) and yielding (4 ranks on a 2-core host).
+    Config(2, (("SMDDP_SPIN_US", "0"), ("SMDDP_YIELD_US", "0"))),
 ]
 ALL_CONFIGS = DEFAULT_CONFIGS + VARIANT_CONFIGS
 
