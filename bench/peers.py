@@ -195,14 +195,6 @@ def _choices(text: str, allowed: Iterable[str], what: str, aliases: dict[str, st
     return tuple(a for a in allowed if a in out)
 
 
-_OP_ALIASES = {
-    "allgather": "all_gather",
-    "ag": "all_gather",
-    "reducescatter": "reduce_scatter",
-    "rs": "reduce_scatter",
-    "allreduce": "all_reduce",
-    "ar": "all_reduce",
-}
 _DTYPE_ALIASES = {"fp32": "float32", "float": "float32", "f32": "float32", "bf16": "bfloat16"}
 _IMPL_ALIASES = {"ompi": "openmpi", "open-mpi": "openmpi", "ds": "deepspeed"}
 
@@ -293,7 +285,7 @@ def parse_args(argv: list[str] | None = None) -> Settings:
     units = bench_units()
     try:
         impls = _choices(ns.impls, IMPLS, "implementation", _IMPL_ALIASES)
-        ops = _choices(ns.ops, OPS, "op", _OP_ALIASES)
+        ops = _choices(ns.ops, OPS, "op", bench_units().OP_ALIASES)
         dtypes = _choices(ns.dtypes, DTYPES, "dtype", _DTYPE_ALIASES)
         sizes = tuple(units.parse_size_list(ns.sizes))
         ranks = parse_ranks(ns.ranks)

@@ -287,3 +287,19 @@ def test_tiny_sweep_writes_json_and_plot(tmp_path, capfd, monkeypatch):
     assert png[:8] == b"\x89PNG\r\n\x1a\n"
     assert len(png) > 10_000
     assert not math.isnan(record["elapsed_s"])
+
+
+def test_backends_with_a_schedule() -> None:
+    from smddp.bench.cli import parse_backends
+
+    assert parse_backends("smddp:hierarchical,smddp:ring,gloo", "cpu") == (
+        "smddp:hierarchical",
+        "smddp:ring",
+        "gloo",
+    )
+    with pytest.raises(ValueError, match="smddp:ring, smddp:hierarchical"):
+        parse_backends("smddp:tree", "cpu")
+    with pytest.raises(ValueError, match="smddp:ring, smddp:hierarchical"):
+        parse_backends("gloo:ring", "cpu")
+    with pytest.raises(ValueError, match="listed twice"):
+        parse_backends("smddp:ring,smddp:ring", "cpu")

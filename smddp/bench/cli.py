@@ -17,21 +17,19 @@ import time
 from smddp.bench import launch
 from smddp.bench import ops as _ops
 from smddp.bench.sweep import SweepSettings
-from smddp.bench.units import HelpFormatter, format_size, parse_size, parse_size_list, size_range
+from smddp.bench.units import (
+    OP_ALIASES,
+    HelpFormatter,
+    format_size,
+    parse_size,
+    parse_size_list,
+    size_range,
+)
 
 DEFAULT_JSON = os.path.join("bench-results", "bench.json")
 DEFAULT_PLOT = os.path.join("bench-results", "bench.png")
 DEFAULT_MIN, DEFAULT_MAX, DEFAULT_FACTOR = "4K", "64M", 4.0
 
-_OP_ALIASES = {
-    "allgather": "all_gather",
-    "ag": "all_gather",
-    "reducescatter": "reduce_scatter",
-    "rs": "reduce_scatter",
-    "allreduce": "all_reduce",
-    "ar": "all_reduce",
-    "bcast": "broadcast",
-}
 _KNOWN_BACKENDS = ("smddp", "gloo", "nccl", "ucc", "mpi", "xccl")
 # smddp:ring, smddp:hierarchical: smddp with SMDDP_ALGO set for that group,
 # so that schedules are compared interleaved in one run.
@@ -63,7 +61,7 @@ def parse_ops(text: str) -> tuple[str, ...]:
         return tuple(_ops.OPS)
     out: list[str] = []
     for n in names:
-        op = _OP_ALIASES.get(n, n)
+        op = OP_ALIASES.get(n, n)
         if op not in _ops.OPS:
             raise ValueError(f"unknown op {n!r} (choose from {', '.join(_ops.OPS)}, or all)")
         if op not in out:

@@ -16,6 +16,17 @@ _SIZE_RE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([KMGT]?)(?:I?B)?\s*$", re.IGNOREC
 # A sweep longer than this is almost certainly a typo (-f 1.0001, -i 1).
 MAX_POINTS = 4096
 
+# What people type for the collectives (nccl-tests' names, abbreviations).
+OP_ALIASES = {
+    "allgather": "all_gather",
+    "ag": "all_gather",
+    "reducescatter": "reduce_scatter",
+    "rs": "reduce_scatter",
+    "allreduce": "all_reduce",
+    "ar": "all_reduce",
+    "bcast": "broadcast",
+}
+
 
 def parse_size(text: str) -> int:
     """``"4K"`` -> 4096. Raises ValueError naming the text if it is not a size."""
