@@ -205,7 +205,7 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument(
         "--max-iters",
         type=int,
-        default=1000,
+        default=20000,
         help="with a time budget: at most this many iterations",
     )
     g.add_argument(

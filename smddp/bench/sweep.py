@@ -48,7 +48,7 @@ class SweepSettings:
     iters: int | None = None  # fixed count per backend and point; None: time budget
     time_per_point: float = 0.3  # seconds per backend and point
     min_iters: int = 5
-    max_iters: int = 1000
+    max_iters: int = 20000
     rounds: int = 8
     pg_timeout: float = 120.0
     json_path: str | None = None
@@ -70,6 +70,11 @@ class Topology:
         nodes = f"{self.nodes} node" + ("s" if self.nodes != 1 else "")
         shape = f"{self.world} ranks = {nodes} x {self.ranks_per_node}"
         return shape + (" (emulated nodes)" if self.emulated else "")
+
+
+# How long a block must last for its time per iteration to be trusted as the
+# estimate that sizes the measured blocks.
+CALIBRATE_S = 0.02
 
 
 def _reduce_op(name: str) -> Any:
@@ -292,6 +297,22 @@ class Sweep:
                 continue
             warm[b], wall = r
             estimate[b] = wall / max(1, warmup)
+            if self.s.iters is None:
+                # The warm-up's wall time holds a control-group barrier, whose
+                # exit skew (up to a millisecond) would pass for the cost of a
+                # small collective and leave too few iterations to amortize it:
+                # time longer blocks until one lasts CALIBRATE_S.
+                k = max(1, warmup)
+                while wall < CALIBRATE_S and k < self.s.max_iters and b not in errors:
+                    k = min(self.s.max_iters, k * 4)
+                    r = attempt(b, lambda b=b, k=k: self._block(calls[b], k, point.restore))
+                    if b in errors:
+                        break
+                    per_iter, wall = r
+                    estimate[b] = per_iter[0] if per_iter else wall / k
+            if b in errors:
+                active.remove(b)
+                continue
         iters: dict[str, int] = {}
         for b in active:
             if self.s.iters is not None:
