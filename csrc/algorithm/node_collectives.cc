@@ -162,9 +162,11 @@ void NodeCollectives::allGatherSingleCopy(const OpArgs& args) {
   const int me = localRank();
   auto* out = static_cast<uint8_t*>(args.out);
   openCall(args, kSingleCopy);
+  // Peers read only this rank's input: the own block can be placed while
+  // they arrive.
+  copyBytes(out + static_cast<size_t>(me) * b, args.in, b);
   round(args.deadline);
   verifyDescs(args);
-  copyBytes(out + static_cast<size_t>(me) * b, args.in, b);
   for (int k = 1; k < localSize(); ++k) {
     const int l = (me + k) % localSize();
     arena_.readFrom(l, out + static_cast<size_t>(l) * b, arena_.peerDesc(l, args.seq).in_addr, b);
