@@ -546,6 +546,93 @@ c10::intrusive_ptr<::c10d::Work> ProcessGroupSMDDP::submitOnHost(
       });
 }
 
+// ------------------------------------------------------------ one call's arguments
+//
+// Shared by each collective's single and coalesced forms; `index` names the
+// pair of tensors in a coalesced call (-1: the single form).
+
+namespace {
+
+std::string nth(const char* what, int64_t index) {
+  return index < 0 ? std::string(what) : str(what, " ", index);
+}
+
+} // namespace
+
+algorithm::OpArgs ProcessGroupSMDDP::allReduceArgs(
+    const char* op,
+    const at::Tensor& t,
+    const ::c10d::ReduceOp& rop) const {
+  checkDense(where(op), t, "tensor");
+  algorithm::OpArgs a;
+  a.kind = CollectiveKind::kAllReduce;
+  a.reduce = makeReduceSpec(op, t.scalar_type(), rop);
+  a.in = t.data_ptr();
+  a.out = t.data_ptr();
+  a.count = static_cast<size_t>(t.numel());
+  return a;
+}
+
+algorithm::OpArgs ProcessGroupSMDDP::allGatherArgs(
+    const char* op,
+    const at::Tensor& input,
+    const at::Tensor& output,
+    int64_t index) const {
+  checkDense(where(op), input, "input");
+  checkDense(where(op), output, "output");
+  checkSameDtype(where(op), input, output);
+  TORCH_CHECK(
+      output.numel() == input.numel() * size_,
+      where(op),
+      nth("output", index),
+      " has ",
+      output.numel(),
+      " elements, expected ",
+      input.numel(),
+      " (input) x ",
+      size_,
+      " (ranks) = ",
+      input.numel() * size_);
+  MoveType m = moveType(input);
+  algorithm::OpArgs a;
+  a.kind = CollectiveKind::kAllGather;
+  a.reduce.dtype = m.dtype;
+  a.in = input.data_ptr();
+  a.out = output.data_ptr();
+  a.count = m.count;
+  return a;
+}
+
+algorithm::OpArgs ProcessGroupSMDDP::reduceScatterArgs(
+    const char* op,
+    const at::Tensor& input,
+    const at::Tensor& output,
+    const ::c10d::ReduceOp& rop,
+    int64_t index) const {
+  checkDense(where(op), input, "input");
+  checkDense(where(op), output, "output");
+  checkSameDtype(where(op), input, output);
+  TORCH_CHECK(
+      input.numel() == output.numel() * size_,
+      where(op),
+      nth("input", index),
+      " has ",
+      input.numel(),
+      " elements, expected ",
+      output.numel(),
+      " (output) x ",
+      size_,
+      " (ranks) = ",
+      output.numel() * size_);
+  algorithm::OpArgs a;
+  a.kind = CollectiveKind::kReduceScatter;
+  a.reduce = makeReduceSpec(op, input.scalar_type(), rop);
+  a.in = input.data_ptr();
+  a.out = output.data_ptr();
+  a.count = static_cast<size_t>(output.numel());
+  return a;
+}
+
 // ------------------------------------------------------------ native ops
 
 c10::intrusive_ptr<::c10d::Work> ProcessGroupSMDDP::allreduce(
@@ -558,14 +645,7 @@ c10::intrusive_ptr<::c10d::Work> ProcessGroupSMDDP::allreduce(
   if (r == Route::kFallback) {
     return fallbackFor(tensors, kOp)->allreduce(tensors, opts);
   }
-  checkDense(where(kOp), t, "tensor");
-  algorithm::OpArgs a;
-  a.kind = CollectiveKind::kAllReduce;
-  a.reduce = makeReduceSpec(kOp, t.scalar_type(), opts.reduceOp);
-  a.in = t.data_ptr();
-  a.out = t.data_ptr();
-  a.count = static_cast<size_t>(t.numel());
-  return submit(r, OpType::ALLREDUCE, kOp, a, {t}, {t}, opts.asyncOp);
+  return submit(r, OpType::ALLREDUCE, kOp, allReduceArgs(kOp, t, opts.reduceOp), {t}, {t}, opts.asyncOp);
 }
 
 c10::intrusive_ptr<::c10d::Work> ProcessGroupSMDDP::allreduce_coalesced(
@@ -580,14 +660,7 @@ c10::intrusive_ptr<::c10d::Work> ProcessGroupSMDDP::allreduce_coalesced(
   }
   std::vector<algorithm::OpArgs> calls;
   for (const auto& t : tensors) {
-    checkDense(where(kOp), t, "tensor");
-    algorithm::OpArgs a;
-    a.kind = CollectiveKind::kAllReduce;
-    a.reduce = makeReduceSpec(kOp, t.scalar_type(), opts.reduceOp);
-    a.in = t.data_ptr();
-    a.out = t.data_ptr();
-    a.count = static_cast<size_t>(t.numel());
-    calls.push_back(a);
+    calls.push_back(allReduceArgs(kOp, t, opts.reduceOp));
   }
   return submitOnHost(OpType::ALLREDUCE_COALESCED, kOp, std::move(calls), tensors, tensors, opts.asyncOp);
 }
@@ -632,28 +705,8 @@ c10::intrusive_ptr<::c10d::Work> ProcessGroupSMDDP::_allgather_base(
   if (r == Route::kFallback) {
     return fallbackFor({input}, kOp)->_allgather_base(output, input, opts);
   }
-  checkDense(where(kOp), input, "input");
-  checkDense(where(kOp), output, "output");
-  checkSameDtype(where(kOp), input, output);
-  TORCH_CHECK(
-      output.numel() == input.numel() * size_,
-      where(kOp),
-      "output has ",
-      output.numel(),
-      " elements, expected ",
-      input.numel(),
-      " (input) x ",
-      size_,
-      " (ranks) = ",
-      input.numel() * size_);
-  MoveType m = moveType(input);
-  algorithm::OpArgs a;
-  a.kind = CollectiveKind::kAllGather;
-  a.reduce.dtype = m.dtype;
-  a.in = input.data_ptr();
-  a.out = output.data_ptr();
-  a.count = m.count;
-  return submit(r, OpType::_ALLGATHER_BASE, kOp, a, {input}, {output}, opts.asyncOp);
+  return submit(
+      r, OpType::_ALLGATHER_BASE, kOp, allGatherArgs(kOp, input, output), {input}, {output}, opts.asyncOp);
 }
 
 c10::intrusive_ptr<::c10d::Work> ProcessGroupSMDDP::allgather_into_tensor_coalesced(
@@ -679,29 +732,7 @@ c10::intrusive_ptr<::c10d::Work> ProcessGroupSMDDP::allgather_into_tensor_coales
   }
   std::vector<algorithm::OpArgs> calls;
   for (size_t i = 0; i < inputs.size(); ++i) {
-    checkDense(where(kOp), inputs[i], "input");
-    checkDense(where(kOp), outputs[i], "output");
-    checkSameDtype(where(kOp), inputs[i], outputs[i]);
-    TORCH_CHECK(
-        outputs[i].numel() == inputs[i].numel() * size_,
-        where(kOp),
-        "output ",
-        i,
-        " has ",
-        outputs[i].numel(),
-        " elements, expected ",
-        inputs[i].numel(),
-        " x ",
-        size_,
-        " ranks");
-    MoveType m = moveType(inputs[i]);
-    algorithm::OpArgs a;
-    a.kind = CollectiveKind::kAllGather;
-    a.reduce.dtype = m.dtype;
-    a.in = inputs[i].data_ptr();
-    a.out = outputs[i].data_ptr();
-    a.count = m.count;
-    calls.push_back(a);
+    calls.push_back(allGatherArgs(kOp, inputs[i], outputs[i], static_cast<int64_t>(i)));
   }
   return submitOnHost(
       compat::opAllgatherIntoTensorCoalesced(), kOp, std::move(calls), inputs, outputs, opts.asyncOp);
@@ -825,27 +856,9 @@ c10::intrusive_ptr<::c10d::Work> ProcessGroupSMDDP::_reduce_scatter_base(
   if (r == Route::kFallback) {
     return fallbackFor({input}, kOp)->_reduce_scatter_base(output, input, opts);
   }
-  checkDense(where(kOp), input, "input");
-  checkDense(where(kOp), output, "output");
-  checkSameDtype(where(kOp), input, output);
-  TORCH_CHECK(
-      input.numel() == output.numel() * size_,
-      where(kOp),
-      "input has ",
-      input.numel(),
-      " elements, expected ",
-      output.numel(),
-      " (output) x ",
-      size_,
-      " (ranks) = ",
-      output.numel() * size_);
-  algorithm::OpArgs a;
-  a.kind = CollectiveKind::kReduceScatter;
-  a.reduce = makeReduceSpec(kOp, input.scalar_type(), opts.reduceOp);
-  a.in = input.data_ptr();
-  a.out = output.data_ptr();
-  a.count = static_cast<size_t>(output.numel());
-  return submit(r, OpType::_REDUCE_SCATTER_BASE, kOp, a, {input}, {output}, opts.asyncOp);
+  return submit(
+      r, OpType::_REDUCE_SCATTER_BASE, kOp, reduceScatterArgs(kOp, input, output, opts.reduceOp), {input},
+      {output}, opts.asyncOp);
 }
 
 c10::intrusive_ptr<::c10d::Work> ProcessGroupSMDDP::reduce_scatter_tensor_coalesced(
@@ -871,28 +884,7 @@ c10::intrusive_ptr<::c10d::Work> ProcessGroupSMDDP::reduce_scatter_tensor_coales
   }
   std::vector<algorithm::OpArgs> calls;
   for (size_t i = 0; i < inputs.size(); ++i) {
-    checkDense(where(kOp), inputs[i], "input");
-    checkDense(where(kOp), outputs[i], "output");
-    checkSameDtype(where(kOp), inputs[i], outputs[i]);
-    TORCH_CHECK(
-        inputs[i].numel() == outputs[i].numel() * size_,
-        where(kOp),
-        "input ",
-        i,
-        " has ",
-        inputs[i].numel(),
-        " elements, expected ",
-        outputs[i].numel(),
-        " x ",
-        size_,
-        " ranks");
-    algorithm::OpArgs a;
-    a.kind = CollectiveKind::kReduceScatter;
-    a.reduce = makeReduceSpec(kOp, inputs[i].scalar_type(), opts.reduceOp);
-    a.in = inputs[i].data_ptr();
-    a.out = outputs[i].data_ptr();
-    a.count = static_cast<size_t>(outputs[i].numel());
-    calls.push_back(a);
+    calls.push_back(reduceScatterArgs(kOp, inputs[i], outputs[i], opts.reduceOp, static_cast<int64_t>(i)));
   }
   return submitOnHost(
       compat::opReduceScatterTensorCoalesced(), kOp, std::move(calls), inputs, outputs, opts.asyncOp);

@@ -208,6 +208,16 @@ class ProcessGroupSMDDP : public ::c10d::Backend {
       const char* op,
       at::ScalarType dtype,
       const ::c10d::ReduceOp& rop) const;
+  // One call's arguments, checked (shared by the single and coalesced forms).
+  algorithm::OpArgs allReduceArgs(const char* op, const at::Tensor& t, const ::c10d::ReduceOp& rop) const;
+  algorithm::OpArgs allGatherArgs(
+      const char* op, const at::Tensor& input, const at::Tensor& output, int64_t index = -1) const;
+  algorithm::OpArgs reduceScatterArgs(
+      const char* op,
+      const at::Tensor& input,
+      const at::Tensor& output,
+      const ::c10d::ReduceOp& rop,
+      int64_t index = -1) const;
   Where where(const char* op) const {
     return Where{op, rank_, size_};
   }
