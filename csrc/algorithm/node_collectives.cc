@@ -21,7 +21,7 @@ size_t ceilDiv(size_t a, size_t b) {
 NodeCollectives::NodeCollectives(transport::NodeArena& arena, const Config& config)
     : arena_(arena), config_(config) {}
 
-bool NodeCollectives::useSingleCopy(size_t bytes_per_rank) const {
+bool NodeCollectives::useSingleCopy(size_t bytes_per_rank, size_t floor) const {
   if (localSize() < 2 || !arena_.singleCopyAvailable()) {
     return false;
   }
@@ -31,7 +31,7 @@ bool NodeCollectives::useSingleCopy(size_t bytes_per_rank) const {
     case Tristate::kOff:
       return false;
     default:
-      return bytes_per_rank >= singleCopyMinBytes();
+      return bytes_per_rank >= std::max(singleCopyMinBytes(), floor);
   }
 }
 
@@ -289,8 +289,7 @@ void NodeCollectives::allReduce(const OpArgs& args) {
     return;
   }
   // Single-copy AllReduce takes three rounds to the staged path's one or two.
-  const size_t slice = b / static_cast<size_t>(localSize());
-  if (useSingleCopy(slice) && (config_.single_copy != Tristate::kAuto || slice >= (size_t{128} << 10))) {
+  if (useSingleCopy(b / static_cast<size_t>(localSize()), size_t{128} << 10)) {
     allReduceSingleCopy(args);
   } else {
     allReduceStaged(args);

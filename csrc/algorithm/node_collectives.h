@@ -66,7 +66,8 @@ class NodeCollectives {
   void barrier(const OpArgs& args);
 
   // Whether a call moving `bytes_per_rank` takes the single-copy path.
-  bool useSingleCopy(size_t bytes_per_rank) const;
+  // With SMDDP_SINGLE_COPY=auto: from the configured size, and at least `floor`.
+  bool useSingleCopy(size_t bytes_per_rank, size_t floor = 0) const;
   size_t singleCopyMinBytes() const;
 
  // The building blocks, public for the hierarchical schedules that run a

@@ -70,13 +70,8 @@ void WorkSMDDP::synchronize() {
   }
   // The end event exists once the host part has run: wait for it (errors
   // surface in wait(), not here), then make the caller's stream wait.
-  if (!done_.load(std::memory_order_acquire)) {
-    if (executor_) {
-      executor_->runIfNext(this);
-    }
-    std::unique_lock<std::mutex> lock(mutex_);
-    cv_.wait(lock, [&] { return completed_; });
-  }
+  std::unique_lock<std::mutex> lock = waitHost();
+  lock.unlock();
   if (!exception_) {
     on_wait_();
   }
@@ -146,16 +141,20 @@ void WorkSMDDP::complete(std::exception_ptr error) {
   finish(error);
 }
 
-bool WorkSMDDP::wait(std::chrono::milliseconds timeout) {
-  // Running the work here would block past a caller's timeout: only an
-  // unbounded wait takes it over.
-  if (timeout == kNoTimeout && !done_.load(std::memory_order_acquire) && executor_) {
+std::unique_lock<std::mutex> WorkSMDDP::waitHost() {
+  // Runs the work here if it is next: only for unbounded waits, since that
+  // would block past a caller's timeout.
+  if (!done_.load(std::memory_order_acquire) && executor_) {
     executor_->runIfNext(this);
   }
   std::unique_lock<std::mutex> lock(mutex_);
-  if (timeout == kNoTimeout) {
-    cv_.wait(lock, [&] { return completed_; });
-  } else if (!cv_.wait_for(lock, timeout, [&] { return completed_; })) {
+  cv_.wait(lock, [&] { return completed_; });
+  return lock;
+}
+
+bool WorkSMDDP::wait(std::chrono::milliseconds timeout) {
+  std::unique_lock<std::mutex> lock = timeout == kNoTimeout ? waitHost() : std::unique_lock<std::mutex>(mutex_);
+  if (timeout != kNoTimeout && !cv_.wait_for(lock, timeout, [&] { return completed_; })) {
     TORCH_CHECK_WITH(
         DistBackendError,
         false,

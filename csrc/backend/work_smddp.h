@@ -73,6 +73,8 @@ class WorkSMDDP : public ::c10d::Work {
   std::string label() const;
 
  private:
+  // Blocks until the host part has completed; returns holding mutex_.
+  std::unique_lock<std::mutex> waitHost();
   void complete(std::exception_ptr error);
   void markFuture();
 
