@@ -10,6 +10,7 @@ import types
 
 import numpy as np
 import pytest
+import torch
 
 from smddp import bench
 from smddp.bench import cli, ops
@@ -303,3 +304,41 @@ def test_backends_with_a_schedule() -> None:
         parse_backends("gloo:ring", "cpu")
     with pytest.raises(ValueError, match="listed twice"):
         parse_backends("smddp:ring,smddp:ring", "cpu")
+
+
+@pytest.mark.parametrize("op", ["all_gather", "reduce_scatter"])
+def test_inplace_buffers_alias_and_a_silent_backend_is_caught(op):
+    from smddp.bench.sweep import _Point
+
+    world, rank = 3, 1
+    geom = ops.geometry(op, 96 * K, 4, world)
+    point = _Point(op, "float32", geom, "sum", 0, rank, world, torch.device("cpu"), inplace=True)
+    block = geom.in_numel if op == "all_gather" else geom.out_numel
+    big, small = (point.out, point.inp) if op == "all_gather" else (point.inp, point.out)
+    # The rank's block of the larger buffer, as nccl-tests' in-place columns.
+    assert small.data_ptr() == big.data_ptr() + rank * block * 4
+    # The sweep's check: poison, restore, call. A call that writes nothing
+    # leaves the other blocks poisoned (AllGather) or the rank's own input
+    # (ReduceScatter): either way the point is wrong.
+    point.poison()
+    point.restore()
+    assert torch.equal(point.inp, point.pristine)
+    assert point.wrong() > 0
+
+
+def test_inplace_sweep(tmp_path, capfd, monkeypatch):
+    monkeypatch.delenv("SMDDP_RANKS_PER_NODE", raising=False)
+    for var in ("RANK", "WORLD_SIZE"):
+        monkeypatch.delenv(var, raising=False)
+    out_json = tmp_path / "bench.json"
+    argv = ["--nproc", "2", "--nodes", "1", "--inplace", "--op", "all_gather,reduce_scatter"]
+    argv += ["--sizes", "4K,64K", "-n", "3", "-w", "1", "--rounds", "2", "--json", str(out_json)]
+    argv += ["--plot", str(tmp_path / "bench.png"), "--no-progress", "--timeout", "240"]
+    code = cli.main(argv)
+    printed = capfd.readouterr().out
+    assert code == 0, printed
+    assert "# AllGather (all_gather)  in place" in printed
+    assert "# ReduceScatter (reduce_scatter)  in place" in printed
+    record = json.loads(out_json.read_text())
+    assert record["settings"]["inplace"] is True
+    _check_record(record)

@@ -53,9 +53,13 @@ REDUCE_APIS = (
     "reduce_scatter_list",
     "reduce_scatter_tensor_coalesced",
     "reduce_scatter_single_coalesced",
+    # The output is the rank's block of the input.
+    "reduce_scatter_tensor_inplace",
 )
 MOVE_APIS = (
     "all_gather_into_tensor",
+    # The input is the rank's block of the output, as FSDP2 gathers.
+    "all_gather_into_tensor_inplace",
     "all_gather_single",
     "all_gather_list",
     "all_gather_coalesced",
@@ -458,6 +462,12 @@ def _run_smddp_reduce(
         ts = [x.clone() for x in ins]
         dist.all_reduce_coalesced(ts, op=rop, group=g)
         return ts
+    if api == "reduce_scatter_tensor_inplace":
+        t = ins[0].clone()
+        m = outs[0].numel()
+        mine = t.narrow(0, ctx.rank * m, m)
+        dist.reduce_scatter_tensor(mine, t, op=rop, group=g)
+        return [mine.clone()]
     if api == "reduce_scatter_tensor":
         dist.reduce_scatter_tensor(outs[0], ins[0], op=rop, group=g)
     elif api == "reduce_scatter_single":
@@ -699,6 +709,13 @@ def _move_case(ctx: Ctx, api: str, dtype: torch.dtype, size: int | tuple[int, ..
             out = poison_like(expected[0])
             fn = dist.all_gather_into_tensor if api == "all_gather_into_tensor" else dist.all_gather_single
             fn(out, ins[0], group=g)
+            got, want = [out], expected
+        elif api == "all_gather_into_tensor_inplace":
+            out = poison_like(expected[0])
+            rows = shapes[0][0]
+            mine = out.narrow(0, ctx.rank * rows, rows)
+            mine.copy_(ins[0])
+            dist.all_gather_into_tensor(out, mine, group=g)
             got, want = [out], expected
         elif api == "all_gather_list":
             outs = [poison_like(p) for p in per_rank[0]]
@@ -1146,12 +1163,12 @@ def test_dtensor(pools, world: int) -> None:
 def test_emulated_nodes(pools) -> None:
     """2 emulated nodes x 2 ranks: whatever path serves them, the results hold."""
     # The pool is shared with test_registration's topology test.
-    for api in ("all_reduce", "reduce_scatter_tensor"):
+    for api in ("all_reduce", "reduce_scatter_tensor", "reduce_scatter_tensor_inplace"):
         res = pools(4, SMDDP_RANKS_PER_NODE="2").run(
             case_reduce, api, "rpn2", sizes=(1, 97), gloo_sizes=(), timeout=120
         )
         check_results(res)
-    for api in ("all_gather_into_tensor", "broadcast"):
+    for api in ("all_gather_into_tensor", "all_gather_into_tensor_inplace", "broadcast"):
         res = pools(4, SMDDP_RANKS_PER_NODE="2").run(
             case_move, api, "rpn2", dtypes=REDUCE_DTYPES, sizes=(1, 97), gloo_sizes=(), timeout=120
         )

@@ -185,6 +185,13 @@ def build_parser() -> argparse.ArgumentParser:
     )
     g.add_argument("-o", "--redop", default="sum", choices=_ops.REDOPS, help="reduction")
     g.add_argument("-r", "--root", type=int, default=0, help="root of broadcast")
+    g.add_argument(
+        "--inplace",
+        action="store_true",
+        help="in place, as nccl-tests' in-place columns: AllGather's input is the "
+        "rank's block of its output (FSDP2 gathers this way), ReduceScatter's output "
+        "is the rank's block of its input (AllReduce and broadcast are always in place)",
+    )
     g = p.add_argument_group("how long")
     g.add_argument(
         "-w", "--warmup", type=int, default=2, help="warm-up iterations per backend and size"
@@ -305,6 +312,7 @@ def resolve(
         sizes=tuple(sizes),
         redop=ns.redop,
         root=ns.root,
+        inplace=ns.inplace,
         backends=backends,
         device=device,
         warmup=ns.warmup,

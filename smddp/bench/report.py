@@ -41,13 +41,20 @@ def _block(time: Any, algbw: Any, busbw: Any, wrong: Any) -> str:
 
 
 def table_header(
-    op: str, dtype: str, redop: str, backends: tuple[str, ...], topology: Any, device: str
+    op: str,
+    dtype: str,
+    redop: str,
+    backends: tuple[str, ...],
+    topology: Any,
+    device: str,
+    inplace: bool = False,
 ) -> str:
     left_width = len(_left("", "", "", ""))
     title = _ops.OPS[op].title
+    place = "  in place" if inplace and op in ("all_gather", "reduce_scatter") else ""
     lines = [
         "#",
-        f"# {title} ({op})  type {dtype}  redop {redop}  |  {topology.label()}  |  {device}",
+        f"# {title} ({op}){place}  type {dtype}  redop {redop}  |  {topology.label()}  |  {device}",
         "#",
         "#" + " " * (left_width - 1) + "".join("  " + b.center(_BLOCK) for b in backends),
         "#"

@@ -42,6 +42,7 @@ class SweepSettings:
     sizes: tuple[int, ...] = (4096,)
     redop: str = "sum"
     root: int = 0
+    inplace: bool = False  # AllGather/ReduceScatter in place (nccl-tests' in-place columns)
     backends: tuple[str, ...] = ("smddp", "gloo")
     device: str = "cpu"
     warmup: int = 2
@@ -116,6 +117,7 @@ class _Point:
         rank: int,
         world: int,
         device: torch.device,
+        inplace: bool = False,
     ):
         self.op, self.dtype, self.geom = op, dtype, geom
         self.redop = redop if _ops.OPS[op].reduces else "none"
@@ -132,9 +134,23 @@ class _Point:
         inp = _ops.rank_input(op, check_redop, rank, geom, root)
         self.expected = tensor(_ops.expected_output(op, check_redop, rank, world, geom, root))
         self.restore: Callable[[], None] | None = None
-        if op == "all_gather":
+        if op == "all_gather" and inplace:
+            # The input is this rank's block of the output; the poison before
+            # every check covers it too, so restore puts it back.
+            self.out = torch.empty(geom.out_numel, dtype=tdtype, device=device)
+            self.inp = self.out.narrow(0, rank * geom.in_numel, geom.in_numel)
+            self.pristine = tensor(inp)
+            self.restore = lambda: self.inp.copy_(self.pristine)
+        elif op == "all_gather":
             self.inp = tensor(inp)
             self.out = torch.empty(geom.out_numel, dtype=tdtype, device=device)
+        elif op == "reduce_scatter" and inplace:
+            # The output is this rank's block of the input, which each call
+            # overwrites: every block starts again from the pristine input.
+            self.pristine = tensor(inp)
+            self.inp = self.pristine.clone()
+            self.out = self.inp.narrow(0, rank * geom.out_numel, geom.out_numel)
+            self.restore = lambda: self.inp.copy_(self.pristine)
         elif op == "reduce_scatter":
             self.inp = tensor(inp)
             self.out = torch.empty(geom.out_numel, dtype=tdtype, device=device)
@@ -259,7 +275,15 @@ class Sweep:
         if geom is None:
             return None
         point = _Point(
-            op, dtype, geom, self.s.redop, self.s.root, self.rank, self.world, self.device
+            op,
+            dtype,
+            geom,
+            self.s.redop,
+            self.s.root,
+            self.rank,
+            self.world,
+            self.device,
+            self.s.inplace,
         )
         redop = _reduce_op(self.s.redop)
         active = [b for b in self.s.backends if b not in skip and b not in self.dead]
@@ -410,7 +434,13 @@ class Sweep:
                     redop = s.redop if _ops.OPS[op].reduces else "none"
                     self._print(
                         report.table_header(
-                            op, dtype, redop, s.backends, self.topology, self.device.type
+                            op,
+                            dtype,
+                            redop,
+                            s.backends,
+                            self.topology,
+                            self.device.type,
+                            s.inplace,
                         )
                     )
                     for nbytes in s.sizes:

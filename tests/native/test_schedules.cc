@@ -1,7 +1,8 @@
 // The multi-node schedules (hierarchical and flat ring) over emulated nodes:
 // forked ranks, a real arena per node and real sockets on loopback. Every
-// op, several shapes and sizes, exact results (integer-valued floats), and
-// both schedules give the same bits on integers.
+// op (AllGather and ReduceScatter also in place), several shapes and sizes,
+// exact results (integer-valued floats), and both schedules give the same
+// bits on integers.
 #include <cstring>
 #include <map>
 
@@ -86,6 +87,56 @@ bool runOps(int rank, int world, algorithm::Communicator& comm, uint64_t& seq) {
             bad(str("reduce_scatter ", reduceOpName(op), " n=", n, " elem ", i, ": ", out[i], " vs ", want));
             break;
           }
+        }
+      }
+    }
+    {  // AllGather in place: the input is this rank's block of the output
+      const size_t un = static_cast<size_t>(rank) * n;
+      std::vector<float> out(n * static_cast<size_t>(world), -1.f);
+      for (size_t i = 0; i < n; ++i) {
+        out[un + i] = value(rank, i);
+      }
+      OpArgs a;
+      a.kind = CollectiveKind::kAllGather;
+      a.reduce.dtype = DataType::kFloat32;
+      a.in = out.data() + un;
+      a.out = out.data();
+      a.count = n;
+      a.seq = seq++;
+      a.deadline = dl;
+      comm.allGather(a);
+      for (int r = 0; r < world && ok; ++r) {
+        for (size_t i = 0; i < n; ++i) {
+          if (out[static_cast<size_t>(r) * n + i] != value(r, i)) {
+            bad(str("allgather in place n=", n, " block ", r, " elem ", i));
+            break;
+          }
+        }
+      }
+    }
+    {  // ReduceScatter in place: the output is this rank's block of the input
+      std::vector<float> in(n * static_cast<size_t>(world));
+      for (size_t i = 0; i < in.size(); ++i) {
+        in[i] = value(rank, i);
+      }
+      OpArgs a;
+      a.kind = CollectiveKind::kReduceScatter;
+      a.reduce = {DataType::kFloat32, ReduceOp::kSum, 1.0, static_cast<double>(world)};
+      a.in = in.data();
+      a.out = in.data() + static_cast<size_t>(rank) * n;
+      a.count = n;
+      a.seq = seq++;
+      a.deadline = dl;
+      comm.reduceScatter(a);
+      for (size_t i = 0; i < n; ++i) {
+        float want = 0;
+        for (int r = 0; r < world; ++r) {
+          want += value(r, static_cast<size_t>(rank) * n + i);
+        }
+        if (in[static_cast<size_t>(rank) * n + i] != want) {
+          bad(str("reduce_scatter in place n=", n, " elem ", i, ": ", in[static_cast<size_t>(rank) * n + i],
+                  " vs ", want));
+          break;
         }
       }
     }
