@@ -325,9 +325,7 @@ void HierarchicalCommunicator::reduceScatterPipelined(const OpArgs& args) {
   node_->round(args.deadline);
   node_->verifyDescs(args);
 
-  if (partials_.size() < static_cast<size_t>(N) * b) {
-    partials_.resize(static_cast<size_t>(N) * b);
-  }
+  partials_.reserve(static_cast<size_t>(N) * b);
   partials_ready_.store(0);
   // The rail consumes the partial of block n-1 first, then n-2, ..., then n.
   auto order = [&](int member) { return static_cast<uint64_t>(mod(n - 1 - member, N)); };

@@ -109,9 +109,8 @@ class HierarchicalCommunicator : public Communicator {
   int wake_fd_ = -1;
   std::atomic<bool> cancel_{false};
   std::atomic<uint64_t> partials_ready_{0};
-  std::vector<uint8_t> partials_;
-  std::vector<uint8_t> ring_scratch_;
-  std::vector<uint8_t> node_scratch_;
+  HostBuffer partials_;
+  HostBuffer ring_scratch_;
   StageThread stage_;
 };
 

@@ -46,10 +46,7 @@ size_t NodeCollectives::singleCopyMinBytes() const {
 }
 
 uint8_t* NodeCollectives::scratch(size_t bytes) {
-  if (scratch_.size() < bytes) {
-    scratch_.resize(bytes);
-  }
-  return scratch_.data();
+  return scratch_.reserve(bytes);
 }
 
 void NodeCollectives::round(const Deadline& deadline) {

@@ -44,6 +44,7 @@
 
 #include "algorithm/op.h"
 #include "common/config.h"
+#include "common/host_buffer.h"
 #include "transport/shm/node_arena.h"
 
 namespace smddp::algorithm {
@@ -109,7 +110,7 @@ class NodeCollectives {
 
   transport::NodeArena& arena_;
   const Config config_;
-  std::vector<uint8_t> scratch_;
+  HostBuffer scratch_;
   std::vector<const void*> sources_;
 };
 

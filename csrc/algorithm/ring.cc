@@ -109,7 +109,7 @@ void ringReduceScatter(
     bool finalize,
     const MessageTag& tag,
     const Deadline& deadline,
-    std::vector<uint8_t>* scratch) {
+    HostBuffer* scratch) {
   const int n = ring.size;
   const int r = ring.index;
   const size_t es = elementSize(spec.dtype);
@@ -134,10 +134,7 @@ void ringReduceScatter(
   const size_t maxb = *std::max_element(bytes.begin(), bytes.end());
   const size_t C = ringChunks(maxb, chunk);
   const uint64_t total = static_cast<uint64_t>(n - 1) * C;
-  if (scratch->size() < static_cast<size_t>(n - 1) * maxb) {
-    scratch->resize(static_cast<size_t>(n - 1) * maxb);
-  }
-  uint8_t* tmp = scratch->data();
+  uint8_t* tmp = scratch->reserve(static_cast<size_t>(n - 1) * maxb);
   Channel* next = ring.next;
   Channel* prev = ring.prev;
   const uint64_t sbase = next->sendsDone();
@@ -213,7 +210,7 @@ void ringAllReduce(
     bool finalize,
     const MessageTag& tag,
     const Deadline& deadline,
-    std::vector<uint8_t>* scratch) {
+    HostBuffer* scratch) {
   const int n = ring.size;
   const size_t es = elementSize(spec.dtype);
   if (n == 1) {

@@ -35,6 +35,7 @@
 #include <vector>
 
 #include "algorithm/op.h"
+#include "common/host_buffer.h"
 #include "transport/channel.h"
 
 namespace smddp::algorithm {
@@ -93,7 +94,7 @@ void ringReduceScatter(
     bool finalize,
     const transport::MessageTag& tag,
     const Deadline& deadline,
-    std::vector<uint8_t>* scratch);
+    HostBuffer* scratch);
 
 // AllReduce of `count` elements (in may equal out).
 void ringAllReduce(
@@ -106,7 +107,7 @@ void ringAllReduce(
     bool finalize,
     const transport::MessageTag& tag,
     const Deadline& deadline,
-    std::vector<uint8_t>* scratch);
+    HostBuffer* scratch);
 
 // Broadcast of `bytes` at buf from member `root`.
 void ringBroadcast(

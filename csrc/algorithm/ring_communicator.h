@@ -51,7 +51,7 @@ class RingCommunicator : public Communicator {
   std::unique_ptr<transport::ShmChannel> shm_prev_;
   transport::Channel* next_ = nullptr;
   transport::Channel* prev_ = nullptr;
-  std::vector<uint8_t> scratch_;
+  HostBuffer scratch_;
 };
 
 } // namespace smddp::algorithm
