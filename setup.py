@@ -97,6 +97,9 @@ setup(
     packages=find_packages(include=["smddp", "smddp.*"]),
     ext_modules=EXT_MODULES,
     cmdclass={"build_ext": BuildExtension.with_options(use_ninja=True)},
+    # smddp-bench: numpy computes the expected results; tqdm (progress bar)
+    # and matplotlib (plot) are optional.
+    extras_require={"bench": ["numpy", "tqdm", "matplotlib"]},
     entry_points={
         "torch.distributed.backends": ["smddp = smddp:register"],
         "console_scripts": ["smddp-bench = smddp.bench.cli:main"],

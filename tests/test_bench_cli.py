@@ -342,3 +342,20 @@ def test_inplace_sweep(tmp_path, capfd, monkeypatch):
     record = json.loads(out_json.read_text())
     assert record["settings"]["inplace"] is True
     _check_record(record)
+
+
+def test_progress_bar_and_plot_are_optional(tmp_path, monkeypatch, capsys):
+    """Without tqdm the tables print plainly; without matplotlib the plot is
+    skipped (write_plot says so), and nothing else changes."""
+    from smddp.bench import report, sweep
+
+    monkeypatch.setitem(sys.modules, "tqdm", None)  # import tqdm raises ImportError
+    monkeypatch.setitem(sys.modules, "matplotlib", None)
+    assert sweep._tqdm() is None
+    s = sweep.Sweep.__new__(sweep.Sweep)
+    s.rank, s.out = 0, sys.stdout
+    s._print("# a table line")
+    assert capsys.readouterr().out == "# a table line\n"
+    png = tmp_path / "bench.png"
+    assert report.write_plot({"settings": {"backends": ["smddp"]}}, str(png)) is False
+    assert not png.exists()

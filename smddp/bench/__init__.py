@@ -11,6 +11,14 @@ cost model.
 
 from __future__ import annotations
 
+try:
+    import numpy  # noqa: F401 - the expected results are computed with it
+except ImportError as e:  # pragma: no cover - depends on the environment
+    raise ImportError(
+        "smddp-bench needs numpy: pip install 'smddp[bench]' (numpy, and tqdm and "
+        "matplotlib for the progress bar and the plot, both optional)"
+    ) from e
+
 from smddp.bench.cli import main, parse_run_args
 from smddp.bench.model import (
     PRESETS,

@@ -340,9 +340,13 @@ def write_json(record: dict[str, Any], path: str) -> None:
     os.replace(tmp, path)
 
 
-def write_plot(record: dict[str, Any], path: str) -> None:
-    """busbw against size, one panel per (op, dtype), one line per backend."""
-    import matplotlib
+def write_plot(record: dict[str, Any], path: str) -> bool:
+    """busbw against size, one panel per (op, dtype), one line per backend;
+    False (and nothing written) without matplotlib."""
+    try:
+        import matplotlib
+    except ImportError:
+        return False
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
@@ -401,6 +405,7 @@ def write_plot(record: dict[str, Any], path: str) -> None:
     os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
     fig.savefig(path, dpi=110)
     plt.close(fig)
+    return True
 
 
 def eprint(*args: Any) -> None:

@@ -419,9 +419,8 @@ class Sweep:
         done = 0
         started = time.monotonic()
         bar = None
-        if self.rank == 0:
-            from tqdm import tqdm
-
+        tqdm = _tqdm() if self.rank == 0 else None
+        if tqdm is not None:
             # tqdm's default lock is a multiprocessing semaphore, which a rank
             # that leaves with os._exit would leak.
             tqdm.set_lock(threading.RLock())
@@ -448,7 +447,7 @@ class Sweep:
                         # (tqdm's own delay does not survive tqdm.write).
                         if (
                             bar is None
-                            and self.rank == 0
+                            and tqdm is not None
                             and s.progress
                             and time.monotonic() - started > 2.0
                         ):
@@ -487,10 +486,21 @@ class Sweep:
     def _print(self, text: str) -> None:
         if self.rank != 0 or not text:
             return
-        from tqdm import tqdm
-
-        tqdm.write(text, file=self.out)
+        tqdm = _tqdm()
+        if tqdm is None:
+            print(text, file=self.out)
+        else:
+            tqdm.write(text, file=self.out)
         self.out.flush()
+
+
+def _tqdm() -> Any:
+    """tqdm's class, or None without tqdm (no progress bar then)."""
+    try:
+        from tqdm import tqdm
+    except ImportError:
+        return None
+    return tqdm
 
 
 def _new_group(name: str, timeout: Any) -> Any:
@@ -553,8 +563,10 @@ def run_rank(
                 report.write_json(record, settings.json_path)
                 sweep._print(f"# results: {settings.json_path}")
             if settings.plot_path:
-                report.write_plot(record, settings.plot_path)
-                sweep._print(f"# plot:    {settings.plot_path}")
+                if report.write_plot(record, settings.plot_path):
+                    sweep._print(f"# plot:    {settings.plot_path}")
+                else:
+                    sweep._print("# plot:    skipped, matplotlib is not installed (pip install matplotlib)")
         flag = torch.tensor([status], dtype=torch.int64)
         dist.broadcast(flag, src=0, group=ctrl)
         return int(flag.item())
