@@ -1,7 +1,9 @@
 // The socket transport: SipHash against its published vector, the frame
 // parser on malformed input, a mesh whose listener is probed by strangers
 // during set-up, messages both ways, and the errors a peer causes (wrong
-// size, abort, exit).
+// size, abort, exit); every connection is kept alive.
+#include <netinet/in.h>
+#include <netinet/tcp.h>
 #include <sys/socket.h>
 #include <unistd.h>
 
@@ -13,6 +15,7 @@
 #include "transport/socket/frame.h"
 #include "transport/socket/siphash.h"
 #include "transport/socket/socket_mesh.h"
+#include "transport/socket/socket_util.h"
 
 using namespace smddp;
 using namespace smddp::transport;
@@ -84,6 +87,29 @@ SMDDP_TEST(frame_parser_rejects_malformed_headers) {
       b = static_cast<uint8_t>(rng());
     }
     EXPECT_TRUE(!decodeFrameHeader(buf, key, &out).empty());
+  }
+}
+
+SMDDP_TEST(connections_are_kept_alive) {
+  // Both ends of a connection: a host that vanishes without closing its
+  // sockets fails them by keepalive, not at the group's timeout.
+  SockAddr addr = SockAddr::parse("127.0.0.1:0");
+  Fd listener = listenOn(&addr);
+  Fd client = connectTo(addr, Deadline::after(std::chrono::seconds(5)));
+  Fd server = acceptOne(listener.get(), Deadline::after(std::chrono::seconds(5)));
+  EXPECT_TRUE(server.get() >= 0);
+  for (int fd : {client.get(), server.get()}) {
+    auto opt = [fd](int level, int name) {
+      int v = -1;
+      socklen_t len = sizeof(v);
+      EXPECT_EQ(::getsockopt(fd, level, name, &v, &len), 0);
+      return v;
+    };
+    EXPECT_EQ(opt(SOL_SOCKET, SO_KEEPALIVE), 1);
+    EXPECT_EQ(opt(IPPROTO_TCP, TCP_KEEPIDLE), kKeepIdleS);
+    EXPECT_EQ(opt(IPPROTO_TCP, TCP_KEEPINTVL), kKeepIntervalS);
+    EXPECT_EQ(opt(IPPROTO_TCP, TCP_KEEPCNT), kKeepCount);
+    EXPECT_EQ(opt(IPPROTO_TCP, TCP_NODELAY), 1);
   }
 }
 

@@ -207,7 +207,7 @@ Fd connectTo(const SockAddr& addr, const Deadline& deadline) {
     Fd s(::socket(addr.storage.ss_family, SOCK_STREAM | SOCK_CLOEXEC, 0));
     SMDDP_SYSCHECK(s.get(), "socket()");
     if (::connect(s.get(), reinterpret_cast<const sockaddr*>(&addr.storage), addr.len) == 0) {
-      setNoDelay(s.get());
+      tuneConnection(s.get());
       return s;
     }
     int err = errno;
@@ -232,7 +232,7 @@ Fd acceptOne(int listen_fd, const Deadline& deadline) {
   }
   Fd c(::accept4(listen_fd, nullptr, nullptr, SOCK_CLOEXEC));
   if (c.get() >= 0) {
-    setNoDelay(c.get());
+    tuneConnection(c.get());
   }
   return c;
 }
@@ -245,6 +245,22 @@ void setNonBlocking(int fd, bool on) {
 void setNoDelay(int fd) {
   int one = 1;
   ::setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof(one));
+}
+
+void setKeepAlive(int fd) {
+  int one = 1;
+  int idle = kKeepIdleS;
+  int interval = kKeepIntervalS;
+  int count = kKeepCount;
+  ::setsockopt(fd, SOL_SOCKET, SO_KEEPALIVE, &one, sizeof(one));
+  ::setsockopt(fd, IPPROTO_TCP, TCP_KEEPIDLE, &idle, sizeof(idle));
+  ::setsockopt(fd, IPPROTO_TCP, TCP_KEEPINTVL, &interval, sizeof(interval));
+  ::setsockopt(fd, IPPROTO_TCP, TCP_KEEPCNT, &count, sizeof(count));
+}
+
+void tuneConnection(int fd) {
+  setNoDelay(fd);
+  setKeepAlive(fd);
 }
 
 void sendAll(int fd, const void* buf, size_t n, const Deadline& deadline) {

@@ -62,6 +62,19 @@ Fd acceptOne(int listen_fd, const Deadline& deadline);
 void setNonBlocking(int fd, bool on);
 void setNoDelay(int fd);
 
+// TCP keepalive on a connection: after kKeepIdleS seconds without traffic,
+// kKeepCount probes kKeepIntervalS apart; a host that vanished without
+// closing its sockets (power loss, a cut link) then fails the connection
+// (ETIMEDOUT) in about 90 s instead of at the group's timeout. A busy or
+// stopped peer process does not: its kernel answers the probes.
+constexpr int kKeepIdleS = 30;
+constexpr int kKeepIntervalS = 10;
+constexpr int kKeepCount = 6;
+void setKeepAlive(int fd);
+
+// What every connection gets, on both ends: no Nagle delay, keepalive.
+void tuneConnection(int fd);
+
 // Blocking transfers (handshakes): whole buffers or throw (kComm/kTimeout).
 void sendAll(int fd, const void* buf, size_t n, const Deadline& deadline);
 void recvAll(int fd, void* buf, size_t n, const Deadline& deadline);
