@@ -232,7 +232,7 @@ void checkAll(const char* isa) {
         continue;
       }
       for (size_t count : kCounts) {
-        for (int nsrc = 1; nsrc <= 5; nsrc += 2) {
+        for (int nsrc : {1, 2, 3, 5}) {
           ReduceSpec spec{t, op, 0.375, 3.0};
           std::vector<std::vector<uint8_t>> srcs;
           std::vector<const void*> ptrs;
@@ -252,6 +252,19 @@ void checkAll(const char* isa) {
                                     nsrc, " differs from the reference"));
           }
           EXPECT_EQ(static_cast<int>(out[want.size()]), 0xAB);  // no write past the end
+          // In place: the destination is one of the sources (the rank's own
+          // input of an in-place collective), first or last.
+          for (int which : {0, nsrc - 1}) {
+            std::vector<uint8_t> inplace = srcs[static_cast<size_t>(which)];
+            std::vector<const void*> p2 = ptrs;
+            p2[static_cast<size_t>(which)] = inplace.data();
+            algorithm::reduce(spec, inplace.data(), p2.data(), nsrc, count, true, true);
+            if (!want.empty() && std::memcmp(inplace.data(), want.data(), want.size()) != 0) {
+              ::smddp::test::fail(__FILE__, __LINE__,
+                                  str(isa, ": ", dataTypeName(t), " ", reduceOpName(op), " count ", count, " nsrc ",
+                                      nsrc, " in place into source ", which, " differs from the reference"));
+            }
+          }
         }
       }
     }
