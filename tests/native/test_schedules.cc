@@ -3,7 +3,9 @@
 // op (AllGather and ReduceScatter also in place), several shapes and sizes,
 // exact results (integer-valued floats), and both schedules give the same
 // bits on integers.
+#include <algorithm>
 #include <cstring>
+#include <functional>
 #include <map>
 
 #include "algorithm/communicator.h"
@@ -28,117 +30,90 @@ float value(int rank, size_t i) {
   return static_cast<float>((rank * 131 + static_cast<int>(i % 1009) * 7) % 2003);
 }
 
+// One AllGather of n floats per rank from `in` into `out` (which may hold
+// `in` as this rank's block), checked block by block.
+void allGatherChecked(algorithm::Communicator& comm, int world, uint64_t& seq, const Deadline& dl,
+                      const float* in, float* out, size_t n, const std::function<void(const std::string&)>& bad) {
+  OpArgs a;
+  a.kind = CollectiveKind::kAllGather;
+  a.reduce.dtype = DataType::kFloat32;
+  a.in = in;
+  a.out = out;
+  a.count = n;
+  a.seq = seq++;
+  a.deadline = dl;
+  comm.allGather(a);
+  for (int r = 0; r < world; ++r) {
+    for (size_t i = 0; i < n; ++i) {
+      if (out[static_cast<size_t>(r) * n + i] != value(r, i)) {
+        bad(str("allgather n=", n, " block ", r, " elem ", i, ": ", out[static_cast<size_t>(r) * n + i]));
+        return;
+      }
+    }
+  }
+}
+
+// One ReduceScatter of world blocks of n floats at `in` into `out` (which
+// may be this rank's block of `in`), checked; `in` holds value(rank, i).
+void reduceScatterChecked(algorithm::Communicator& comm, int rank, int world, uint64_t& seq, const Deadline& dl,
+                          ReduceOp op, const float* in, float* out, size_t n,
+                          const std::function<void(const std::string&)>& bad) {
+  OpArgs a;
+  a.kind = CollectiveKind::kReduceScatter;
+  a.reduce = {DataType::kFloat32, op, 1.0, static_cast<double>(world)};
+  a.in = in;
+  a.out = out;
+  a.count = n;
+  a.seq = seq++;
+  a.deadline = dl;
+  comm.reduceScatter(a);
+  for (size_t i = 0; i < n; ++i) {
+    float want = 0;
+    for (int r = 0; r < world; ++r) {
+      want += value(r, static_cast<size_t>(rank) * n + i);
+    }
+    if (op == ReduceOp::kAvg) {
+      want /= static_cast<float>(world);
+    }
+    if (std::abs(out[i] - want) > 1e-3f * std::abs(want)) {
+      bad(str("reduce_scatter ", reduceOpName(op), " n=", n, " elem ", i, ": ", out[i], " vs ", want));
+      return;
+    }
+  }
+}
+
 bool runOps(int rank, int world, algorithm::Communicator& comm, uint64_t& seq) {
   const size_t sizes[] = {0, 1, 5, 1000, 4099, 3 * 4096 + 7};
   bool ok = true;
-  auto bad = [&](const std::string& what) {
+  std::function<void(const std::string&)> bad = [&](const std::string& what) {
     ::smddp::test::fail(__FILE__, __LINE__, str("rank ", rank, ": ", what));
     ok = false;
   };
+  const size_t W = static_cast<size_t>(world);
   for (size_t n : sizes) {
     Deadline dl = Deadline::after(std::chrono::seconds(30));
-    {  // AllGather
-      std::vector<float> in(n), out(n * static_cast<size_t>(world), -1.f);
+    {  // AllGather, then in place: the input is this rank's block of the output
+      std::vector<float> in(n), out(n * W, -1.f);
       for (size_t i = 0; i < n; ++i) {
         in[i] = value(rank, i);
       }
-      OpArgs a;
-      a.kind = CollectiveKind::kAllGather;
-      a.reduce.dtype = DataType::kFloat32;
-      a.in = in.data();
-      a.out = out.data();
-      a.count = n;
-      a.seq = seq++;
-      a.deadline = dl;
-      comm.allGather(a);
-      for (int r = 0; r < world && ok; ++r) {
-        for (size_t i = 0; i < n; ++i) {
-          if (out[static_cast<size_t>(r) * n + i] != value(r, i)) {
-            bad(str("allgather n=", n, " block ", r, " elem ", i, ": ", out[static_cast<size_t>(r) * n + i]));
-            break;
-          }
-        }
-      }
+      allGatherChecked(comm, world, seq, dl, in.data(), out.data(), n, bad);
+      std::vector<float> whole(n * W, -1.f);
+      float* mine = whole.data() + static_cast<size_t>(rank) * n;
+      std::copy(in.begin(), in.end(), mine);
+      allGatherChecked(comm, world, seq, dl, mine, whole.data(), n, bad);
     }
-    {  // ReduceScatter SUM and AVG
-      for (ReduceOp op : {ReduceOp::kSum, ReduceOp::kAvg}) {
-        std::vector<float> in(n * static_cast<size_t>(world)), out(n, -1.f);
-        for (size_t i = 0; i < in.size(); ++i) {
-          in[i] = value(rank, i);
-        }
-        OpArgs a;
-        a.kind = CollectiveKind::kReduceScatter;
-        a.reduce = {DataType::kFloat32, op, 1.0, static_cast<double>(world)};
-        a.in = in.data();
-        a.out = out.data();
-        a.count = n;
-        a.seq = seq++;
-        a.deadline = dl;
-        comm.reduceScatter(a);
-        for (size_t i = 0; i < n; ++i) {
-          float want = 0;
-          for (int r = 0; r < world; ++r) {
-            want += value(r, static_cast<size_t>(rank) * n + i);
-          }
-          if (op == ReduceOp::kAvg) {
-            want /= static_cast<float>(world);
-          }
-          if (std::abs(out[i] - want) > 1e-3f * std::abs(want)) {
-            bad(str("reduce_scatter ", reduceOpName(op), " n=", n, " elem ", i, ": ", out[i], " vs ", want));
-            break;
-          }
-        }
-      }
-    }
-    {  // AllGather in place: the input is this rank's block of the output
-      const size_t un = static_cast<size_t>(rank) * n;
-      std::vector<float> out(n * static_cast<size_t>(world), -1.f);
-      for (size_t i = 0; i < n; ++i) {
-        out[un + i] = value(rank, i);
-      }
-      OpArgs a;
-      a.kind = CollectiveKind::kAllGather;
-      a.reduce.dtype = DataType::kFloat32;
-      a.in = out.data() + un;
-      a.out = out.data();
-      a.count = n;
-      a.seq = seq++;
-      a.deadline = dl;
-      comm.allGather(a);
-      for (int r = 0; r < world && ok; ++r) {
-        for (size_t i = 0; i < n; ++i) {
-          if (out[static_cast<size_t>(r) * n + i] != value(r, i)) {
-            bad(str("allgather in place n=", n, " block ", r, " elem ", i));
-            break;
-          }
-        }
-      }
-    }
-    {  // ReduceScatter in place: the output is this rank's block of the input
-      std::vector<float> in(n * static_cast<size_t>(world));
+    {  // ReduceScatter SUM and AVG, then SUM in place (the output is this
+       // rank's block of the input)
+      std::vector<float> in(n * W), out(n, -1.f);
       for (size_t i = 0; i < in.size(); ++i) {
         in[i] = value(rank, i);
       }
-      OpArgs a;
-      a.kind = CollectiveKind::kReduceScatter;
-      a.reduce = {DataType::kFloat32, ReduceOp::kSum, 1.0, static_cast<double>(world)};
-      a.in = in.data();
-      a.out = in.data() + static_cast<size_t>(rank) * n;
-      a.count = n;
-      a.seq = seq++;
-      a.deadline = dl;
-      comm.reduceScatter(a);
-      for (size_t i = 0; i < n; ++i) {
-        float want = 0;
-        for (int r = 0; r < world; ++r) {
-          want += value(r, static_cast<size_t>(rank) * n + i);
-        }
-        if (in[static_cast<size_t>(rank) * n + i] != want) {
-          bad(str("reduce_scatter in place n=", n, " elem ", i, ": ", in[static_cast<size_t>(rank) * n + i],
-                  " vs ", want));
-          break;
-        }
+      for (ReduceOp op : {ReduceOp::kSum, ReduceOp::kAvg}) {
+        reduceScatterChecked(comm, rank, world, seq, dl, op, in.data(), out.data(), n, bad);
       }
+      float* mine = in.data() + static_cast<size_t>(rank) * n;
+      reduceScatterChecked(comm, rank, world, seq, dl, ReduceOp::kSum, in.data(), mine, n, bad);
     }
     {  // AllReduce in place, int64 SUM (exact) and float MAX
       std::vector<int64_t> t(n);
