@@ -30,19 +30,24 @@ float value(int rank, size_t i) {
   return static_cast<float>((rank * 131 + static_cast<int>(i % 1009) * 7) % 2003);
 }
 
-// One AllGather of n floats per rank from `in` into `out` (which may hold
-// `in` as this rank's block), checked block by block.
-void allGatherChecked(algorithm::Communicator& comm, int world, uint64_t& seq, const Deadline& dl,
-                      const float* in, float* out, size_t n, const std::function<void(const std::string&)>& bad) {
+OpArgs opArgs(CollectiveKind kind, algorithm::ReduceSpec spec, const void* in, void* out, size_t n, uint64_t& seq,
+              const Deadline& dl) {
   OpArgs a;
-  a.kind = CollectiveKind::kAllGather;
-  a.reduce.dtype = DataType::kFloat32;
+  a.kind = kind;
+  a.reduce = spec;
   a.in = in;
   a.out = out;
   a.count = n;
   a.seq = seq++;
   a.deadline = dl;
-  comm.allGather(a);
+  return a;
+}
+
+// One AllGather of n floats per rank from `in` into `out` (which may hold
+// `in` as this rank's block), checked block by block.
+void allGatherChecked(algorithm::Communicator& comm, int world, uint64_t& seq, const Deadline& dl,
+                      const float* in, float* out, size_t n, const std::function<void(const std::string&)>& bad) {
+  comm.allGather(opArgs(CollectiveKind::kAllGather, {}, in, out, n, seq, dl));
   for (int r = 0; r < world; ++r) {
     for (size_t i = 0; i < n; ++i) {
       if (out[static_cast<size_t>(r) * n + i] != value(r, i)) {
@@ -58,15 +63,8 @@ void allGatherChecked(algorithm::Communicator& comm, int world, uint64_t& seq, c
 void reduceScatterChecked(algorithm::Communicator& comm, int rank, int world, uint64_t& seq, const Deadline& dl,
                           ReduceOp op, const float* in, float* out, size_t n,
                           const std::function<void(const std::string&)>& bad) {
-  OpArgs a;
-  a.kind = CollectiveKind::kReduceScatter;
-  a.reduce = {DataType::kFloat32, op, 1.0, static_cast<double>(world)};
-  a.in = in;
-  a.out = out;
-  a.count = n;
-  a.seq = seq++;
-  a.deadline = dl;
-  comm.reduceScatter(a);
+  comm.reduceScatter(opArgs(CollectiveKind::kReduceScatter, {DataType::kFloat32, op, 1.0, static_cast<double>(world)},
+                            in, out, n, seq, dl));
   for (size_t i = 0; i < n; ++i) {
     float want = 0;
     for (int r = 0; r < world; ++r) {
