@@ -397,7 +397,8 @@ def write_plot(record: dict[str, Any], path: str) -> bool:
     topo = record["topology"]["label"]
     machine = record["machine"]
     fig.suptitle(
-        f"smddp-bench: {' vs '.join(backends)}, busbw (median)\n"
+        f"smddp-bench: {' vs '.join(backends)}, busbw (median)"
+        f"{', AllGather/ReduceScatter in place' if record['settings'].get('inplace') else ''}\n"
         f"{topo}, {machine['device']}, {machine['hostname']}",
         fontsize=11,
     )
