@@ -573,26 +573,37 @@ algorithm::OpArgs ProcessGroupSMDDP::allReduceArgs(
   return a;
 }
 
+void ProcessGroupSMDDP::checkBlocks(
+    const char* op,
+    const at::Tensor& input,
+    const at::Tensor& output,
+    bool output_is_whole,
+    int64_t index) const {
+  checkDense(where(op), input, "input");
+  checkDense(where(op), output, "output");
+  checkSameDtype(where(op), input, output);
+  const at::Tensor& whole = output_is_whole ? output : input;
+  const at::Tensor& block = output_is_whole ? input : output;
+  TORCH_CHECK(
+      whole.numel() == block.numel() * size_,
+      where(op),
+      nth(output_is_whole ? "output" : "input", index),
+      " has ",
+      whole.numel(),
+      " elements, expected ",
+      block.numel(),
+      output_is_whole ? " (input) x " : " (output) x ",
+      size_,
+      " (ranks) = ",
+      block.numel() * size_);
+}
+
 algorithm::OpArgs ProcessGroupSMDDP::allGatherArgs(
     const char* op,
     const at::Tensor& input,
     const at::Tensor& output,
     int64_t index) const {
-  checkDense(where(op), input, "input");
-  checkDense(where(op), output, "output");
-  checkSameDtype(where(op), input, output);
-  TORCH_CHECK(
-      output.numel() == input.numel() * size_,
-      where(op),
-      nth("output", index),
-      " has ",
-      output.numel(),
-      " elements, expected ",
-      input.numel(),
-      " (input) x ",
-      size_,
-      " (ranks) = ",
-      input.numel() * size_);
+  checkBlocks(op, input, output, true, index);
   MoveType m = moveType(input);
   algorithm::OpArgs a;
   a.kind = CollectiveKind::kAllGather;
@@ -609,21 +620,7 @@ algorithm::OpArgs ProcessGroupSMDDP::reduceScatterArgs(
     const at::Tensor& output,
     const ::c10d::ReduceOp& rop,
     int64_t index) const {
-  checkDense(where(op), input, "input");
-  checkDense(where(op), output, "output");
-  checkSameDtype(where(op), input, output);
-  TORCH_CHECK(
-      input.numel() == output.numel() * size_,
-      where(op),
-      nth("input", index),
-      " has ",
-      input.numel(),
-      " elements, expected ",
-      output.numel(),
-      " (output) x ",
-      size_,
-      " (ranks) = ",
-      output.numel() * size_);
+  checkBlocks(op, input, output, false, index);
   algorithm::OpArgs a;
   a.kind = CollectiveKind::kReduceScatter;
   a.reduce = makeReduceSpec(op, input.scalar_type(), rop);

@@ -208,6 +208,14 @@ class ProcessGroupSMDDP : public ::c10d::Backend {
       const char* op,
       at::ScalarType dtype,
       const ::c10d::ReduceOp& rop) const;
+  // Dense tensors of one dtype, the whole one `size_` blocks of the other
+  // (AllGather's output, ReduceScatter's input).
+  void checkBlocks(
+      const char* op,
+      const at::Tensor& input,
+      const at::Tensor& output,
+      bool output_is_whole,
+      int64_t index) const;
   // One call's arguments, checked (shared by the single and coalesced forms).
   algorithm::OpArgs allReduceArgs(const char* op, const at::Tensor& t, const ::c10d::ReduceOp& rop) const;
   algorithm::OpArgs allGatherArgs(
