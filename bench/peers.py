@@ -285,7 +285,7 @@ def parse_args(argv: list[str] | None = None) -> Settings:
     units = bench_units()
     try:
         impls = _choices(ns.impls, IMPLS, "implementation", _IMPL_ALIASES)
-        ops = _choices(ns.ops, OPS, "op", bench_units().OP_ALIASES)
+        ops = _choices(ns.ops, OPS, "op", units.OP_ALIASES)
         dtypes = _choices(ns.dtypes, DTYPES, "dtype", _DTYPE_ALIASES)
         sizes = tuple(units.parse_size_list(ns.sizes))
         ranks = parse_ranks(ns.ranks)
