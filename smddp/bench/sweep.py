@@ -327,7 +327,7 @@ class Sweep:
                 # small collective and leave too few iterations to amortize it:
                 # time longer blocks until one lasts CALIBRATE_S.
                 k = max(1, warmup)
-                while wall < CALIBRATE_S and k < self.s.max_iters and b not in errors:
+                while wall < CALIBRATE_S and k < self.s.max_iters:
                     k = min(self.s.max_iters, k * 4)
                     r = attempt(b, lambda b=b, k=k: self._block(calls[b], k, point.restore))
                     if b in errors:
@@ -336,7 +336,6 @@ class Sweep:
                     estimate[b] = per_iter[0] if per_iter else wall / k
             if b in errors:
                 active.remove(b)
-                continue
         iters: dict[str, int] = {}
         for b in active:
             if self.s.iters is not None:
