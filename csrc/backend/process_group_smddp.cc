@@ -557,6 +557,27 @@ std::string nth(const char* what, int64_t index) {
   return index < 0 ? std::string(what) : str(what, " ", index);
 }
 
+algorithm::OpArgs opArgs(
+    CollectiveKind kind,
+    const algorithm::ReduceSpec& reduce,
+    const void* in,
+    void* out,
+    size_t count) {
+  algorithm::OpArgs a;
+  a.kind = kind;
+  a.reduce = reduce;
+  a.in = in;
+  a.out = out;
+  a.count = count;
+  return a;
+}
+
+algorithm::ReduceSpec moveSpec(DataType dtype) {
+  algorithm::ReduceSpec spec;
+  spec.dtype = dtype;
+  return spec;
+}
+
 } // namespace
 
 algorithm::OpArgs ProcessGroupSMDDP::allReduceArgs(
@@ -564,13 +585,9 @@ algorithm::OpArgs ProcessGroupSMDDP::allReduceArgs(
     const at::Tensor& t,
     const ::c10d::ReduceOp& rop) const {
   checkDense(where(op), t, "tensor");
-  algorithm::OpArgs a;
-  a.kind = CollectiveKind::kAllReduce;
-  a.reduce = makeReduceSpec(op, t.scalar_type(), rop);
-  a.in = t.data_ptr();
-  a.out = t.data_ptr();
-  a.count = static_cast<size_t>(t.numel());
-  return a;
+  return opArgs(
+      CollectiveKind::kAllReduce, makeReduceSpec(op, t.scalar_type(), rop), t.data_ptr(), t.data_ptr(),
+      static_cast<size_t>(t.numel()));
 }
 
 void ProcessGroupSMDDP::checkBlocks(
@@ -605,13 +622,7 @@ algorithm::OpArgs ProcessGroupSMDDP::allGatherArgs(
     int64_t index) const {
   checkBlocks(op, input, output, true, index);
   MoveType m = moveType(input);
-  algorithm::OpArgs a;
-  a.kind = CollectiveKind::kAllGather;
-  a.reduce.dtype = m.dtype;
-  a.in = input.data_ptr();
-  a.out = output.data_ptr();
-  a.count = m.count;
-  return a;
+  return opArgs(CollectiveKind::kAllGather, moveSpec(m.dtype), input.data_ptr(), output.data_ptr(), m.count);
 }
 
 algorithm::OpArgs ProcessGroupSMDDP::reduceScatterArgs(
@@ -621,13 +632,9 @@ algorithm::OpArgs ProcessGroupSMDDP::reduceScatterArgs(
     const ::c10d::ReduceOp& rop,
     int64_t index) const {
   checkBlocks(op, input, output, false, index);
-  algorithm::OpArgs a;
-  a.kind = CollectiveKind::kReduceScatter;
-  a.reduce = makeReduceSpec(op, input.scalar_type(), rop);
-  a.in = input.data_ptr();
-  a.out = output.data_ptr();
-  a.count = static_cast<size_t>(output.numel());
-  return a;
+  return opArgs(
+      CollectiveKind::kReduceScatter, makeReduceSpec(op, input.scalar_type(), rop), input.data_ptr(),
+      output.data_ptr(), static_cast<size_t>(output.numel()));
 }
 
 // ------------------------------------------------------------ native ops
@@ -683,12 +690,7 @@ c10::intrusive_ptr<::c10d::Work> ProcessGroupSMDDP::broadcast(
   }
   checkDense(where(kOp), t, "tensor");
   MoveType m = moveType(t);
-  algorithm::OpArgs a;
-  a.kind = CollectiveKind::kBroadcast;
-  a.reduce.dtype = m.dtype;
-  a.in = t.data_ptr();
-  a.out = t.data_ptr();
-  a.count = m.count;
+  algorithm::OpArgs a = opArgs(CollectiveKind::kBroadcast, moveSpec(m.dtype), t.data_ptr(), t.data_ptr(), m.count);
   a.root = static_cast<int>(opts.rootRank);
   return submit(r, OpType::BROADCAST, kOp, a, {t}, {t}, opts.asyncOp);
 }
@@ -772,12 +774,8 @@ c10::intrusive_ptr<::c10d::Work> ProcessGroupSMDDP::allgather(
         at::Tensor src = in.contiguous();
         at::Tensor flat = at::empty({static_cast<int64_t>(outs.size()) * src.numel()}, src.options());
         MoveType m = moveType(src);
-        algorithm::OpArgs a;
-        a.kind = CollectiveKind::kAllGather;
-        a.reduce.dtype = m.dtype;
-        a.in = src.data_ptr();
-        a.out = flat.data_ptr();
-        a.count = m.count;
+        algorithm::OpArgs a =
+            opArgs(CollectiveKind::kAllGather, moveSpec(m.dtype), src.data_ptr(), flat.data_ptr(), m.count);
         a.seq = seq;
         a.deadline = deadline;
         communicator_->allGather(a);
@@ -827,12 +825,8 @@ c10::intrusive_ptr<::c10d::Work> ProcessGroupSMDDP::allgather_coalesced(
           at::Tensor src = inputs[i].contiguous();
           at::Tensor flat = at::empty({static_cast<int64_t>(outputs.size()) * src.numel()}, src.options());
           MoveType m = moveType(src);
-          algorithm::OpArgs a;
-          a.kind = CollectiveKind::kAllGather;
-          a.reduce.dtype = m.dtype;
-          a.in = src.data_ptr();
-          a.out = flat.data_ptr();
-          a.count = m.count;
+          algorithm::OpArgs a =
+              opArgs(CollectiveKind::kAllGather, moveSpec(m.dtype), src.data_ptr(), flat.data_ptr(), m.count);
           a.seq = seq + i;
           a.deadline = deadline;
           communicator_->allGather(a);
@@ -927,12 +921,8 @@ c10::intrusive_ptr<::c10d::Work> ProcessGroupSMDDP::reduce_scatter(
           flat_parts.push_back(t.reshape({-1}));
         }
         at::Tensor flat = at::cat(flat_parts);
-        algorithm::OpArgs a;
-        a.kind = CollectiveKind::kReduceScatter;
-        a.reduce = spec;
-        a.in = flat.data_ptr();
-        a.out = out.data_ptr();
-        a.count = static_cast<size_t>(out.numel());
+        algorithm::OpArgs a = opArgs(
+            CollectiveKind::kReduceScatter, spec, flat.data_ptr(), out.data_ptr(), static_cast<size_t>(out.numel()));
         a.seq = seq;
         a.deadline = deadline;
         communicator_->reduceScatter(a);
