@@ -1158,19 +1158,25 @@ def test_dtensor(pools, world: int) -> None:
     check_results(pools(world).run(case_dtensor, f"w{world}", (1, 7, 97), timeout=100), identical=False)
 
 
+EMULATED_LARGE = (1 << 17) + 3
+
+
 @pytest.mark.slow
 @pytest.mark.timeout(180, func_only=True)
 def test_emulated_nodes(pools) -> None:
     """2 emulated nodes x 2 ranks: whatever path serves them, the results hold."""
-    # The pool is shared with test_registration's topology test.
+    # The pool is shared with test_registration's topology test. Small
+    # messages run the hierarchical stages one after the other through the
+    # staging slots; EMULATED_LARGE elements per block (more than 512K of a
+    # rail's data) run them pipelined, by single-copy reads.
     for api in ("all_reduce", "reduce_scatter_tensor", "reduce_scatter_tensor_inplace"):
         res = pools(4, SMDDP_RANKS_PER_NODE="2").run(
-            case_reduce, api, "rpn2", sizes=(1, 97), gloo_sizes=(), timeout=120
+            case_reduce, api, "rpn2", sizes=(1, 97, EMULATED_LARGE), gloo_sizes=(), timeout=120
         )
         check_results(res)
     for api in ("all_gather_into_tensor", "all_gather_into_tensor_inplace", "broadcast"):
         res = pools(4, SMDDP_RANKS_PER_NODE="2").run(
-            case_move, api, "rpn2", dtypes=REDUCE_DTYPES, sizes=(1, 97), gloo_sizes=(), timeout=120
+            case_move, api, "rpn2", dtypes=REDUCE_DTYPES, sizes=(1, 97, EMULATED_LARGE), gloo_sizes=(), timeout=120
         )
         check_results(res)
 

@@ -203,6 +203,9 @@ SMDDP_TEST(hierarchical_shapes) {
     std::fprintf(stderr, "  %dx%d\n", nodes, per);
     runShape(nodes, per, {}, "hierarchical");
   }
+  // The node stage of small messages by single-copy reads (by default they
+  // go through the slots).
+  runShape(2, 2, {{"SMDDP_SINGLE_COPY", "on"}}, "hierarchical");
 }
 
 SMDDP_TEST(flat_ring_shapes) {
