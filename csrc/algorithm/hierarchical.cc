@@ -560,6 +560,12 @@ void HierarchicalCommunicator::allReduce(const OpArgs& args) {
         &ring_scratch_);
     return;
   }
+  const size_t b = args.count * args.elemSize();
+  // As on one node: single-copy reads pay from 128K per rank.
+  if (b <= arena_->slotBytes() && !node_->useSingleCopy(b / static_cast<size_t>(L), size_t{128} << 10)) {
+    allReduceStaged(args);
+    return;
+  }
   const int l = topo_.myLocalRank();
   const size_t es = args.elemSize();
   const Slices slices{args.count, static_cast<size_t>(L)};
@@ -589,6 +595,40 @@ void HierarchicalCommunicator::allReduce(const OpArgs& args) {
                      slices.size(static_cast<size_t>(peer)) * es);
   }
   node_->round(args.deadline);
+}
+
+void HierarchicalCommunicator::allReduceStaged(const OpArgs& args) {
+  const int L = topo_.localSize();
+  const int me = topo_.myLocalRank();
+  const size_t es = args.elemSize();
+  const Slices slices{args.count, static_cast<size_t>(L)};
+  const size_t begin = slices.begin(static_cast<size_t>(me)) * es;
+  node_->openCall(args, NodeCollectives::kStaged);
+  const uint32_t parity = arena_->phase() + 1;
+  copyBytes(arena_->slot(me, parity), args.in, args.count * es);
+  node_->round(args.deadline);
+  node_->verifyDescs(args);
+  // My slice, reduced over the node in local rank order (as the single-copy
+  // path does), into my slot of the other parity: no peer reads it before
+  // the next round, and it is next written after the round that follows.
+  std::vector<const void*> srcs(static_cast<size_t>(L));
+  for (int l = 0; l < L; ++l) {
+    srcs[static_cast<size_t>(l)] = arena_->slot(l, parity) + begin;
+  }
+  uint8_t* mine = arena_->slot(me, parity + 1) + begin;
+  reduce(args.reduce, mine, srcs.data(), L, slices.size(static_cast<size_t>(me)), true, false);
+  railStage([&] {
+    ringAllReduce(
+        railRing(args, false), args.reduce, mine, mine, slices.size(static_cast<size_t>(me)), false, true,
+        messageTag(args), args.deadline, &ring_scratch_);
+  });
+  node_->round(args.deadline);
+  auto* out = static_cast<uint8_t*>(args.out);
+  for (int k = 0; k < L; ++k) {
+    const int l = (me + k) % L;
+    const size_t off = slices.begin(static_cast<size_t>(l)) * es;
+    copyBytes(out + off, arena_->slot(l, parity + 1) + off, slices.size(static_cast<size_t>(l)) * es);
+  }
 }
 
 // ------------------------------------------------------------ Broadcast, Barrier

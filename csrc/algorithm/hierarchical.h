@@ -13,7 +13,8 @@
 //     rails   0<->2 exchange the partials of a and c: 0 ends with
 //             (a2+a3)+(a0+a1), 2 with (c0+c1)+(c2+c3); likewise 1 and 3
 //   AllReduce: node ReduceScatter of L slices, rail AllReduce of each
-//     slice, node AllGather of the slices.
+//     slice, node AllGather of the slices (through the staging slots for
+//     messages up to a slot, by single-copy reads above).
 //
 // Pipelining: the rail stage runs on a thread of its own while the calling
 // thread runs the node stage, chunk by chunk (SMDDP_CHUNK_BYTES):
@@ -105,6 +106,8 @@ class HierarchicalCommunicator : public Communicator {
   void reduceScatterPipelined(const OpArgs& args);
   void allGatherSequential(const OpArgs& args);
   void reduceScatterSequential(const OpArgs& args);
+  // AllReduce of up to a slot, through the staging slots.
+  void allReduceStaged(const OpArgs& args);
   // Whether a call with blocks of `block_bytes` runs sequentially.
   bool sequential(size_t block_bytes) const;
   // Runs a rail stage on this thread; its failure releases the node peers.
