@@ -46,6 +46,10 @@ KNOBS: tuple[Knob, ...] = (
          "With SMDDP_SINGLE_COPY=auto, the per-rank message size from which the single-copy "
          "path is used (AllReduce: at least 128K per rank); auto: 32K, or 1M when the host's "
          "ranks outnumber its CPUs."),
+    Knob("SMDDP_PIPELINE", True, "choice", "auto", "auto|on|off",
+         "Hierarchical AllGather/ReduceScatter: run the rail and node stages at once, chunk by "
+         "chunk, on two threads (on) or one after the other on the calling thread (off); auto: "
+         "pipelined above 512K of a rail's data, unless the host's ranks outnumber its CPUs."),
     Knob("SMDDP_SHM_SLOT_BYTES", True, "bytes", "1M", "4K..1G",
          "Staging buffer of each rank in the node's shared-memory segment."),
     Knob("SMDDP_SPIN_US", False, "autoint", "auto", "0..1000000",

@@ -1167,18 +1167,21 @@ def test_emulated_nodes(pools) -> None:
     """2 emulated nodes x 2 ranks: whatever path serves them, the results hold."""
     # The pool is shared with test_registration's topology test. Small
     # messages run the hierarchical stages one after the other through the
-    # staging slots; EMULATED_LARGE elements per block (more than 512K of a
-    # rail's data) run them pipelined, by single-copy reads.
-    for api in ("all_reduce", "reduce_scatter_tensor", "reduce_scatter_tensor_inplace"):
-        res = pools(4, SMDDP_RANKS_PER_NODE="2").run(
-            case_reduce, api, "rpn2", sizes=(1, 97, EMULATED_LARGE), gloo_sizes=(), timeout=120
-        )
-        check_results(res)
-    for api in ("all_gather_into_tensor", "all_gather_into_tensor_inplace", "broadcast"):
-        res = pools(4, SMDDP_RANKS_PER_NODE="2").run(
-            case_move, api, "rpn2", dtypes=REDUCE_DTYPES, sizes=(1, 97, EMULATED_LARGE), gloo_sizes=(), timeout=120
-        )
-        check_results(res)
+    # staging slots, EMULATED_LARGE elements per block (more than 512K of a
+    # rail's data) by single-copy reads; with SMDDP_PIPELINE=on the stages
+    # run at once, on two threads (on a host with more cores than ranks, the
+    # default for large messages).
+    for env in ({}, {"SMDDP_PIPELINE": "on"}):
+        pool = pools(4, SMDDP_RANKS_PER_NODE="2", **env)
+        for api in ("all_reduce", "reduce_scatter_tensor", "reduce_scatter_tensor_inplace"):
+            res = pool.run(case_reduce, api, "rpn2", sizes=(1, 97, EMULATED_LARGE), gloo_sizes=(), timeout=120)
+            check_results(res)
+        for api in ("all_gather_into_tensor", "all_gather_into_tensor_inplace", "broadcast"):
+            res = pool.run(
+                case_move, api, "rpn2", dtypes=REDUCE_DTYPES, sizes=(1, 97, EMULATED_LARGE), gloo_sizes=(),
+                timeout=120,
+            )
+            check_results(res)
 
 
 # ---- the checker itself (no ranks): it must be able to fail

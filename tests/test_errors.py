@@ -552,6 +552,7 @@ _BAD_VALUES = [
     ("SMDDP_CHUNK_BYTES", "lots"),
     ("SMDDP_SHM", "maybe"),
     ("SMDDP_SINGLE_COPY", "yes"),
+    ("SMDDP_PIPELINE", "always"),
     ("SMDDP_SOCKET_STREAMS", "0"),
     ("SMDDP_RANKS_PER_NODE", "-1"),
     ("SMDDP_FALLBACK", "mpi"),

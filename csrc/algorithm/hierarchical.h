@@ -24,12 +24,15 @@
 //   ReduceScatter  each chunk of node partials is handed to the rail (an
 //                  eventfd wakes it) as soon as it is reduced, in the order
 //                  the rail ring consumes them.
-// Small messages (one chunk per block, a rail's data up to 512K) run both stages on
-// the calling thread, one after the other: there the two thread hand-offs of
-// the pipeline cost more than the overlap saves (2x2 ReduceScatter 4K:
-// 224 us pipelined), and the node stage goes through the staging slots when
-// single-copy reads do not pay (NodeCollectives::useSingleCopy). Both paths
-// reduce in the same order, so the result does not depend on the path.
+// Small messages (one chunk per block, a rail's data up to 512K), and every
+// message when the host's ranks outnumber its CPUs (the second thread has no
+// core to overlap on), run both stages on the calling thread, one after the
+// other: there the two thread hand-offs of the pipeline cost more than the
+// overlap saves (2x2 ReduceScatter 4K: 224 us pipelined, 60 us not), and the
+// node stage goes through the staging slots when single-copy reads do not
+// pay (NodeCollectives::useSingleCopy). SMDDP_PIPELINE overrides the choice.
+// Both paths reduce in the same order: the result does not depend on the
+// path.
 //
 // Only inter-node traffic crosses sockets: each rank sends (N-1)/N of its
 // rail's data instead of the flat ring's share of everyone's.

@@ -53,6 +53,11 @@ constexpr size_t kAutoBytes = static_cast<size_t>(-1);
     "With SMDDP_SINGLE_COPY=auto, the per-rank message size from which the "   \
     "single-copy path is used (AllReduce: at least 128K per rank); auto: 32K, "\
     "or 1M when the host's ranks outnumber its CPUs.")                         \
+  X(pipeline, "SMDDP_PIPELINE", true, choice, "auto", "auto|on|off",                 \
+    "Hierarchical AllGather/ReduceScatter: run the rail and node stages at "   \
+    "once, chunk by chunk, on two threads (on) or one after the other on the " \
+    "calling thread (off); auto: pipelined above 512K of a rail's data, "      \
+    "unless the host's ranks outnumber its CPUs.")                             \
   X(shm_slot_bytes, "SMDDP_SHM_SLOT_BYTES", true, bytes, "1M", "4K..1G",             \
     "Staging buffer of each rank in the node's shared-memory segment.")        \
   X(spin_us, "SMDDP_SPIN_US", false, autoint, "auto", "0..1000000",                   \
@@ -87,6 +92,7 @@ struct Config {
   bool shm = true;
   Tristate single_copy = Tristate::kAuto;
   size_t single_copy_min_bytes = kAutoBytes;
+  Tristate pipeline = Tristate::kAuto;
   size_t shm_slot_bytes = 0;
   int spin_us = -1;
   int yield_us = -1;

@@ -206,6 +206,10 @@ SMDDP_TEST(hierarchical_shapes) {
   // The node stage of small messages by single-copy reads (by default they
   // go through the slots).
   runShape(2, 2, {{"SMDDP_SINGLE_COPY", "on"}}, "hierarchical");
+  // Every size pipelined, and every size one stage after the other (through
+  // many rounds of the 4K slots).
+  runShape(2, 2, {{"SMDDP_PIPELINE", "on"}}, "hierarchical");
+  runShape(2, 2, {{"SMDDP_PIPELINE", "off"}}, "hierarchical");
 }
 
 SMDDP_TEST(flat_ring_shapes) {
