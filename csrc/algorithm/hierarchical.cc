@@ -513,7 +513,8 @@ void HierarchicalCommunicator::reduceScatterSequential(const OpArgs& args) {
     const size_t per = static_cast<size_t>(L) * static_cast<size_t>(N) * es;
     const size_t chunk = std::max<size_t>(1, arena_->slotBytes() / per);
     const size_t rounds = std::max<size_t>(1, ceilDiv(args.count, chunk));
-    std::vector<const void*> srcs(static_cast<size_t>(L));
+    std::vector<const void*>& srcs = sources_;
+    srcs.assign(static_cast<size_t>(L), nullptr);
     for (size_t t = 0; t < rounds; ++t) {
       const size_t off = t * chunk;
       const size_t n = std::min(chunk, args.count - std::min(args.count, off));
@@ -619,7 +620,8 @@ void HierarchicalCommunicator::allReduceStaged(const OpArgs& args) {
   // My slice, reduced over the node in local rank order (as the single-copy
   // path does), into my slot of the other parity: no peer reads it before
   // the next round, and it is next written after the round that follows.
-  std::vector<const void*> srcs(static_cast<size_t>(L));
+  std::vector<const void*>& srcs = sources_;
+  srcs.assign(static_cast<size_t>(L), nullptr);
   for (int l = 0; l < L; ++l) {
     srcs[static_cast<size_t>(l)] = arena_->slot(l, parity) + begin;
   }

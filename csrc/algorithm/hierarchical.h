@@ -129,6 +129,7 @@ class HierarchicalCommunicator : public Communicator {
   std::atomic<uint64_t> partials_ready_{0};
   HostBuffer partials_;
   HostBuffer ring_scratch_;
+  std::vector<const void*> sources_;  // reduction sources, kept between calls
   StageThread stage_;
 };
 
