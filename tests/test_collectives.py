@@ -381,6 +381,9 @@ class Ctx:
     global_ranks: list[int]
     failures: list[str] = field(default_factory=list)
     digests: dict[str, str] = field(default_factory=dict)
+    # Every reduction's output on this rank, identical to the group's or not:
+    # to compare data paths with one another.
+    outputs: dict[str, str] = field(default_factory=dict)
     cases: int = 0
 
     def fail(self, what: str, msg: str) -> None:
@@ -395,6 +398,7 @@ class Ctx:
             "cases": self.cases,
             "failures": self.failures,
             "digests": self.digests,
+            "outputs": self.outputs,
         }
 
 
@@ -573,6 +577,7 @@ def _reduce_case(ctx: Ctx, api: str, dtype: torch.dtype, op: str, n: int, with_g
     for i, x in enumerate(ins):
         if not api.startswith("all_reduce") and bytes_mismatch(x, all_ins[ctx.rank][i]):
             ctx.fail(what, f"input {i} was modified by the call")
+    ctx.outputs[what] = digest(got)
     if api in _IDENTICAL_APIS:
         ctx.digests[what] = digest(got)
 
@@ -1171,17 +1176,29 @@ def test_emulated_nodes(pools) -> None:
     # rail's data) by single-copy reads; with SMDDP_PIPELINE=on the stages
     # run at once, on two threads (on a host with more cores than ranks, the
     # default for large messages).
+    # Both paths give the same bits. (On 2 x 2 every sum has two operands,
+    # so this checks where PREMUL_SUM's factor and AVG's division apply; the
+    # native schedule tests check the order on 2 x 3 and 3 x 2.)
+    digests: dict[str, list[dict]] = {}
     for env in ({}, {"SMDDP_PIPELINE": "on"}):
         pool = pools(4, SMDDP_RANKS_PER_NODE="2", **env)
         for api in ("all_reduce", "reduce_scatter_tensor", "reduce_scatter_tensor_inplace"):
             res = pool.run(case_reduce, api, "rpn2", sizes=(1, 97, EMULATED_LARGE), gloo_sizes=(), timeout=120)
             check_results(res)
+            digests.setdefault(api, []).append(dict(enumerate(r["outputs"] for r in res)))
         for api in ("all_gather_into_tensor", "all_gather_into_tensor_inplace", "broadcast"):
             res = pool.run(
                 case_move, api, "rpn2", dtypes=REDUCE_DTYPES, sizes=(1, 97, EMULATED_LARGE), gloo_sizes=(),
                 timeout=120,
             )
             check_results(res)
+    for api, (default, pipelined) in digests.items():
+        assert all(default.values()), f"{api}: no digests to compare"
+        for rank, mine in default.items():
+            for key, digest in mine.items():
+                assert pipelined[rank].get(key) == digest, (
+                    f"{api} {key} rank {rank}: SMDDP_PIPELINE=on gives other bits than the default path"
+                )
 
 
 # ---- the checker itself (no ranks): it must be able to fail

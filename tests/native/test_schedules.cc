@@ -4,6 +4,7 @@
 // exact results (integer-valued floats), and both schedules give the same
 // bits on integers.
 #include <algorithm>
+#include <cstdio>
 #include <cstring>
 #include <functional>
 #include <map>
@@ -171,7 +172,11 @@ bool runOps(int rank, int world, algorithm::Communicator& comm, uint64_t& seq) {
   return ok;
 }
 
-void runShape(int nodes, int per_node, std::map<std::string, std::string> env, const std::string& expect) {
+// What every rank runs on the communicator (default: runOps).
+using Ops = std::function<void(int rank, int world, algorithm::Communicator& comm, uint64_t& seq)>;
+
+void runShape(int nodes, int per_node, std::map<std::string, std::string> env, const std::string& expect,
+              const Ops& ops = nullptr) {
   const int world = nodes * per_node;
   std::string dir = ::smddp::test::tempDir();
   ::smddp::test::runRanks(
@@ -191,9 +196,62 @@ void runShape(int nodes, int per_node, std::map<std::string, std::string> env, c
           ::smddp::test::fail(__FILE__, __LINE__, str("expected a ", expect, " communicator, got ", comm->describe()));
         }
         uint64_t seq = 0;
-        runOps(rank, world, *comm, seq);
+        if (ops) {
+          ops(rank, world, *comm, seq);
+        } else {
+          runOps(rank, world, *comm, seq);
+        }
       },
       std::chrono::seconds(120));
+}
+
+// Floats of many magnitudes, which differ between ranks: sums of three or
+// more round differently in different orders.
+float noisy(int rank, size_t i) {
+  uint64_t x = (static_cast<uint64_t>(rank) + 1) * 0x9E3779B97F4A7C15ull ^ (i * 0xBF58476D1CE4E5B9ull);
+  x ^= x >> 31;
+  x *= 0x94D049BB133111EBull;
+  x ^= x >> 29;
+  const float u = static_cast<float>(x >> 40) / static_cast<float>(1 << 24);
+  return (u * 2.f - 1.f) * static_cast<float>(1 << ((i + 3 * static_cast<size_t>(rank)) % 11));
+}
+
+// Every reduction's output bytes on this rank (ReduceScatter out of place,
+// AllReduce in place; several sizes), appended to `file`.
+void reductionBits(int rank, int world, algorithm::Communicator& comm, uint64_t& seq, const std::string& file) {
+  std::string bits;
+  const size_t W = static_cast<size_t>(world);
+  for (size_t n : {size_t{5}, size_t{1000}, size_t{4099}, size_t{3 * 4096 + 7}}) {
+    Deadline dl = Deadline::after(std::chrono::seconds(30));
+    std::vector<float> in(n * W), out(n);
+    for (size_t i = 0; i < in.size(); ++i) {
+      in[i] = noisy(rank, i);
+    }
+    comm.reduceScatter(opArgs(CollectiveKind::kReduceScatter, {DataType::kFloat32, ReduceOp::kSum, 1.0, 1.0},
+                              in.data(), out.data(), n, seq, dl));
+    bits.append(reinterpret_cast<const char*>(out.data()), n * sizeof(float));
+    comm.allReduce(opArgs(CollectiveKind::kAllReduce, {DataType::kFloat32, ReduceOp::kSum, 1.0, 1.0}, in.data(),
+                          in.data(), n * W, seq, dl));
+    bits.append(reinterpret_cast<const char*>(in.data()), n * W * sizeof(float));
+  }
+  std::FILE* f = std::fopen(file.c_str(), "wb");
+  EXPECT_TRUE(f != nullptr && std::fwrite(bits.data(), 1, bits.size(), f) == bits.size());
+  if (f != nullptr) {
+    std::fclose(f);
+  }
+}
+
+std::string readAll(const std::string& file) {
+  std::string data;
+  if (std::FILE* f = std::fopen(file.c_str(), "rb")) {
+    char buf[65536];
+    size_t got = 0;
+    while ((got = std::fread(buf, 1, sizeof(buf), f)) > 0) {
+      data.append(buf, got);
+    }
+    std::fclose(f);
+  }
+  return data;
 }
 
 } // namespace
@@ -210,6 +268,36 @@ SMDDP_TEST(hierarchical_shapes) {
   // many rounds of the 4K slots).
   runShape(2, 2, {{"SMDDP_PIPELINE", "on"}}, "hierarchical");
   runShape(2, 2, {{"SMDDP_PIPELINE", "off"}}, "hierarchical");
+}
+
+// The hierarchical schedules reduce in one order whatever the path (the
+// node stage pipelined or not, staged or by single-copy reads): the same
+// bits, with three operands per reduction where the order shows.
+SMDDP_TEST(hierarchical_paths_give_the_same_bits) {
+  const std::vector<std::map<std::string, std::string>> paths = {
+      {{"SMDDP_PIPELINE", "on"}},
+      {{"SMDDP_PIPELINE", "off"}},
+      {{"SMDDP_PIPELINE", "off"}, {"SMDDP_SINGLE_COPY", "on"}},
+  };
+  for (auto [nodes, per] : std::vector<std::pair<int, int>>{{2, 3}, {3, 2}}) {
+    std::fprintf(stderr, "  %dx%d\n", nodes, per);
+    const std::string dir = ::smddp::test::tempDir();
+    for (size_t p = 0; p < paths.size(); ++p) {
+      runShape(nodes, per, paths[p], "hierarchical", [&](int rank, int world, algorithm::Communicator& comm,
+                                                         uint64_t& seq) {
+        reductionBits(rank, world, comm, seq, str(dir, "/", p, "-", rank));
+      });
+    }
+    for (int r = 0; r < nodes * per; ++r) {
+      const std::string first = readAll(str(dir, "/0-", r));
+      EXPECT_TRUE(!first.empty());
+      for (size_t p = 1; p < paths.size(); ++p) {
+        if (readAll(str(dir, "/", p, "-", r)) != first) {
+          ::smddp::test::fail(__FILE__, __LINE__, str(nodes, "x", per, " rank ", r, ": path ", p, " gives other bits than path 0"));
+        }
+      }
+    }
+  }
 }
 
 SMDDP_TEST(flat_ring_shapes) {
