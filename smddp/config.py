@@ -25,8 +25,10 @@ class Knob:
 
 KNOBS: tuple[Knob, ...] = (
     Knob("SMDDP_ALGO", True, "choice", "auto", "auto|ring|hierarchical",
-         "Schedule of AllGather/ReduceScatter/AllReduce: auto picks from topology and size; "
-         "ring forces the flat ring; hierarchical forces rails + node."),
+         "Schedule of AllGather/ReduceScatter/AllReduce: auto picks from the topology (one node: "
+         "the node schedules; uniform nodes: hierarchical; otherwise the flat ring), and each "
+         "schedule its path from the message size; ring forces the flat ring; hierarchical forces "
+         "rails + node."),
     Knob("SMDDP_CHUNK_BYTES", True, "bytes", "1M", "4K..1G",
          "Pipeline chunk of the hierarchical and ring schedules."),
     Knob("SMDDP_RANKS_PER_NODE", True, "int", "0", "0..1048576",

@@ -31,8 +31,10 @@ constexpr size_t kAutoBytes = static_cast<size_t>(-1);
 // an int in the domain), autobytes ("auto", stored as kAutoBytes, or bytes).
 #define SMDDP_CONFIG_KNOBS(X)                                                  \
   X(algo, "SMDDP_ALGO", true, choice, "auto", "auto|ring|hierarchical",              \
-    "Schedule of AllGather/ReduceScatter/AllReduce: auto picks from topology " \
-    "and size; ring forces the flat ring; hierarchical forces rails + node.")  \
+    "Schedule of AllGather/ReduceScatter/AllReduce: auto picks from the "     \
+    "topology (one node: the node schedules; uniform nodes: hierarchical; "    \
+    "otherwise the flat ring), and each schedule its path from the message "   \
+    "size; ring forces the flat ring; hierarchical forces rails + node.")      \
   X(chunk_bytes, "SMDDP_CHUNK_BYTES", true, bytes, "1M", "4K..1G",                   \
     "Pipeline chunk of the hierarchical and ring schedules.")                  \
   X(ranks_per_node, "SMDDP_RANKS_PER_NODE", true, int, "0", "0..1048576",            \
