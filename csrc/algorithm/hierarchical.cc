@@ -409,7 +409,9 @@ bool HierarchicalCommunicator::sequential(size_t block_bytes) const {
 void HierarchicalCommunicator::railStage(const std::function<void()>& stage) {
   try {
     stage();
-  } catch (const Error& e) {
+  } catch (const std::exception& e) {
+    // Whatever failed (a lost peer or memory for scratch), the node peers
+    // must not wait for this rank until their timeout.
     arena_->abort(e.what());
     throw;
   }
