@@ -431,6 +431,11 @@ void HierarchicalCommunicator::allGatherSequential(const OpArgs& args) {
   };
   const bool single = node_->useSingleCopy(total);
   node_->openCall(args, single ? NodeCollectives::kSingleCopy : NodeCollectives::kStaged);
+  // The node agrees on the call before anyone waits on the rail: a rank
+  // whose call differs (and so may take the pipelined path, which starts
+  // with this round) must meet a kMismatch, not a wait on the rail.
+  node_->round(args.deadline);
+  node_->verifyDescs(args);
   uint8_t* my_block = out + static_cast<size_t>(topo_.rank()) * b;
   if (my_block != args.in) {
     copyBytes(my_block, args.in, b);
@@ -446,7 +451,6 @@ void HierarchicalCommunicator::allGatherSequential(const OpArgs& args) {
   });
   if (single) {
     node_->round(args.deadline);
-    node_->verifyDescs(args);
     for (int k = 1; k < L; ++k) {
       const int peer = (me + k) % L;
       const uint64_t addr = arena_->peerDesc(peer, args.seq).out_addr;
@@ -470,9 +474,6 @@ void HierarchicalCommunicator::allGatherSequential(const OpArgs& args) {
       copyBytes(mine + at, out + block(me, k) + w, len);
     });
     node_->round(args.deadline);
-    if (t == 0) {
-      node_->verifyDescs(args);
-    }
     for (int k = 1; k < L; ++k) {
       const int peer = (me + k) % L;
       const uint8_t* theirs = arena_->slot(peer, parity);

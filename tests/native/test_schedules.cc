@@ -300,6 +300,31 @@ SMDDP_TEST(hierarchical_paths_give_the_same_bits) {
   }
 }
 
+// Calls that differ between the ranks of a node, some small enough to go
+// one stage after the other (rail first) and some pipelined (node first):
+// every rank learns of the mismatch at once instead of waiting on a rail
+// whose peer waits on its node.
+SMDDP_TEST(hierarchical_mismatch_across_paths) {
+  runShape(2, 2, {}, "hierarchical", [&](int rank, int world, algorithm::Communicator& comm, uint64_t& seq) {
+    const size_t n = rank == 0 || rank == 3 ? 1 : size_t{1} << 16;
+    std::vector<float> in(n, 1.f), out(n * static_cast<size_t>(world));
+    const auto start = std::chrono::steady_clock::now();
+    try {
+      comm.allGather(opArgs(CollectiveKind::kAllGather, {}, in.data(), out.data(), n, seq,
+                            Deadline::after(std::chrono::seconds(30))));
+      ::smddp::test::fail(__FILE__, __LINE__, str("rank ", rank, ": no error"));
+    } catch (const Error& e) {
+      comm.abort(e.what());
+      const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+      // The first to see it says so; its node peers fail with its message.
+      const bool says = e.kind() == ErrorKind::kMismatch || std::string(e.what()).find("disagree") != std::string::npos;
+      if (!says || s > 10) {
+        ::smddp::test::fail(__FILE__, __LINE__, str("rank ", rank, " after ", s, " s: ", e.what()));
+      }
+    }
+  });
+}
+
 SMDDP_TEST(flat_ring_shapes) {
   for (auto [nodes, per] : std::vector<std::pair<int, int>>{{2, 2}, {3, 2}, {4, 1}}) {
     std::fprintf(stderr, "  %dx%d\n", nodes, per);
