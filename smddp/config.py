@@ -51,7 +51,8 @@ KNOBS: tuple[Knob, ...] = (
     Knob("SMDDP_PIPELINE", True, "choice", "auto", "auto|on|off",
          "Hierarchical AllGather/ReduceScatter: run the rail and node stages at once, chunk by "
          "chunk, on two threads (on) or one after the other on the calling thread (off); auto: "
-         "pipelined above 512K of a rail's data, unless the host's ranks outnumber its CPUs."),
+         "pipelined when a block exceeds SMDDP_CHUNK_BYTES or a rail's data 512K, unless the "
+         "host's ranks outnumber its CPUs."),
     Knob("SMDDP_SHM_SLOT_BYTES", True, "bytes", "1M", "4K..1G",
          "Staging buffer of each rank in the node's shared-memory segment."),
     Knob("SMDDP_SPIN_US", False, "autoint", "auto", "0..1000000",

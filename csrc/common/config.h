@@ -58,8 +58,9 @@ constexpr size_t kAutoBytes = static_cast<size_t>(-1);
   X(pipeline, "SMDDP_PIPELINE", true, choice, "auto", "auto|on|off",                 \
     "Hierarchical AllGather/ReduceScatter: run the rail and node stages at "   \
     "once, chunk by chunk, on two threads (on) or one after the other on the " \
-    "calling thread (off); auto: pipelined above 512K of a rail's data, "      \
-    "unless the host's ranks outnumber its CPUs.")                             \
+    "calling thread (off); auto: pipelined when a block exceeds "              \
+    "SMDDP_CHUNK_BYTES or a rail's data 512K, unless the host's ranks "        \
+    "outnumber its CPUs.")                                                     \
   X(shm_slot_bytes, "SMDDP_SHM_SLOT_BYTES", true, bytes, "1M", "4K..1G",             \
     "Staging buffer of each rank in the node's shared-memory segment.")        \
   X(spin_us, "SMDDP_SPIN_US", false, autoint, "auto", "0..1000000",                   \
