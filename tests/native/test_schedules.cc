@@ -257,7 +257,7 @@ std::string readAll(const std::string& file) {
 } // namespace
 
 SMDDP_TEST(hierarchical_shapes) {
-  for (auto [nodes, per] : std::vector<std::pair<int, int>>{{2, 1}, {2, 2}, {2, 3}, {3, 2}}) {
+  for (auto [nodes, per] : std::vector<std::pair<int, int>>{{2, 1}, {4, 1}, {2, 2}, {2, 3}, {3, 2}, {2, 4}}) {
     std::fprintf(stderr, "  %dx%d\n", nodes, per);
     runShape(nodes, per, {}, "hierarchical");
   }
