@@ -12,6 +12,7 @@
 #include "algorithm/node_collectives.h"
 #include "harness.h"
 #include "transport/shm/node_arena.h"
+#include "transport/shm/shm_channel.h"
 
 using namespace smddp;
 using algorithm::NodeCollectives;
@@ -256,6 +257,47 @@ SMDDP_TEST(dead_peer_is_reported_within_a_second) {
       },
       std::chrono::seconds(30),
       [](int rank) { return rank == 2; });
+}
+
+// A peer that took its last message and exited at once is done, not lost,
+// even when the sender looks at its liveness before at its acknowledgement;
+// a peer that exits while a message from it is still awaited is lost.
+SMDDP_TEST(shm_channel_peer_gone_after_its_last_ack) {
+  std::string dir = ::smddp::test::tempDir();
+  ::smddp::test::runRanks(
+      2,
+      [&](int rank) {
+        ::smddp::test::DirStore store(dir);
+        NodeArena::Options o;
+        o.slot_bytes = kSlot;
+        NodeArena arena(store, "arena", rank, iota(2), o);
+        transport::ShmChannel ch(arena, 1 - rank, 1 - rank);
+        transport::MessageTag tag;
+        tag.seq = 7;
+        tag.count = 16;
+        std::vector<uint8_t> buf(16, static_cast<uint8_t>(rank));
+        const Deadline dl = Deadline::after(std::chrono::seconds(10));
+        if (rank == 1) {
+          ch.postRecv(buf.data(), buf.size(), tag);
+          transport::DriveOptions d;
+          d.what = [] { return std::string("rank 0"); };
+          transport::drive({&ch}, [] { return false; }, [&] { return ch.recvsDone() == 1; }, dl, d);
+          ::_exit(0);
+        }
+        ch.postSend(buf.data(), buf.size(), tag);
+        ch.progress();
+        while (!arena.peerExited(1)) {
+          EXPECT_TRUE(!dl.expired());
+          std::this_thread::sleep_for(std::chrono::milliseconds(1));
+        }
+        ch.checkPeer();  // the acknowledgement came before the exit
+        EXPECT_TRUE(ch.sendsDone() == 1);
+        std::vector<uint8_t> more(16);
+        ch.postRecv(more.data(), more.size(), tag);
+        EXPECT_THROWS(ch.checkPeer(), kPeerLost, "rank 1");
+      },
+      std::chrono::seconds(30),
+      [](int rank) { return rank == 1; });
 }
 
 SMDDP_TEST(timeout_names_the_late_rank) {

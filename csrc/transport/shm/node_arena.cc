@@ -245,7 +245,11 @@ void NodeArena::waitCounter(
       deadline,
       [&] {
         checkAborted();
-        checkAlive(l);
+        // A peer that reached the target and then exited is no failure: look
+        // at the counter again once the exit is seen.
+        if (peerExited(l) && !reached(value.load(std::memory_order_acquire), target)) {
+          checkAlive(l);
+        }
       },
       [&] { return describePeer(l); });
   checkAborted();
@@ -326,18 +330,19 @@ void NodeArena::checkAborted() {
   }
 }
 
-void NodeArena::checkAlive(int l) {
+bool NodeArena::peerExited(int l) const {
   if (l == local_rank_) {
-    return;
+    return false;
   }
-  bool dead = false;
   if (pidfds_[l] >= 0) {
     struct pollfd p = {pidfds_[l], POLLIN, 0};
-    dead = ::poll(&p, 1, 0) > 0 && (p.revents & POLLIN);
-  } else {
-    dead = ::kill(pids_[l], 0) != 0 && errno == ESRCH;
+    return ::poll(&p, 1, 0) > 0 && (p.revents & POLLIN);
   }
-  if (dead) {
+  return ::kill(pids_[l], 0) != 0 && errno == ESRCH;
+}
+
+void NodeArena::checkAlive(int l) {
+  if (peerExited(l)) {
     std::string msg = str(describePeer(l), " exited");
     abort(msg);
     SMDDP_THROW(kPeerLost, msg);

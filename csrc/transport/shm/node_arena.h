@@ -174,6 +174,8 @@ class NodeArena {
   void abort(const std::string& msg);
   // Throws if the arena was aborted.
   void checkAborted();
+  // Whether local rank l has exited (whatever it wrote before is visible).
+  bool peerExited(int l) const;
   // Throws kPeerLost (and aborts the arena) if local rank l has exited.
   // Only a peer this rank still needs something from may be checked: a peer
   // that finished its last call and exited is not a failure.

@@ -104,6 +104,12 @@ bool ShmChannel::progress() {
 
 void ShmChannel::checkPeer() {
   arena_.checkAborted();
+  if ((sends_.empty() && recvs_.empty()) || !arena_.peerExited(peer_local_)) {
+    return;
+  }
+  // The peer may have acknowledged or sent the last pieces just before it
+  // exited: take them, and fail only if something is still missing.
+  progress();
   if (!sends_.empty() || !recvs_.empty()) {
     arena_.checkAlive(peer_local_);
   }
