@@ -56,13 +56,8 @@ void NodeCollectives::round(const Deadline& deadline) {
 
 void NodeCollectives::openCall(const OpArgs& args, Path path) {
   OpDesc& d = arena_.myDesc(args.seq);
-  d.seq = args.seq;
-  d.kind = static_cast<uint8_t>(args.kind);
-  d.dtype = static_cast<uint8_t>(args.dtype());
-  d.redop = static_cast<uint8_t>(args.reduce.op);
+  d.call = messageTag(args);
   d.path = path;
-  d.root = args.root;
-  d.count = args.count;
   d.in_addr = reinterpret_cast<uint64_t>(args.in);
   d.out_addr = reinterpret_cast<uint64_t>(args.out);
 }
@@ -72,13 +67,7 @@ void NodeCollectives::verifyDescs(const OpArgs& args) {
   bool differ = false;
   for (int l = 0; l < localSize(); ++l) {
     const OpDesc& p = arena_.peerDesc(l, args.seq);
-    const bool reduces = args.kind == CollectiveKind::kAllReduce ||
-        args.kind == CollectiveKind::kReduceScatter;
-    if (p.seq != mine.seq || p.kind != mine.kind || p.dtype != mine.dtype ||
-        p.count != mine.count || p.root != mine.root || p.path != mine.path ||
-        (reduces && p.redop != mine.redop)) {
-      differ = true;
-    }
+    differ = differ || !p.call.sameCall(mine.call) || p.path != mine.path;
   }
   if (!differ) {
     return;
@@ -86,19 +75,8 @@ void NodeCollectives::verifyDescs(const OpArgs& args) {
   std::string calls;
   for (int l = 0; l < localSize(); ++l) {
     const OpDesc& p = arena_.peerDesc(l, args.seq);
-    calls += str(
-        "; rank ",
-        arena_.groupRankOf(l),
-        ": #",
-        p.seq,
-        " ",
-        describeCall(
-            static_cast<CollectiveKind>(p.kind),
-            static_cast<DataType>(p.dtype),
-            static_cast<ReduceOp>(p.redop),
-            p.count,
-            p.root),
-        p.path == kSingleCopy ? " single-copy" : " staged");
+    calls += str("; rank ", arena_.groupRankOf(l), ": #", p.call.seq, " ", p.call.describe(),
+                 p.path == kSingleCopy ? " single-copy" : " staged");
   }
   SMDDP_THROW(
       kMismatch,

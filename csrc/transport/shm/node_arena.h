@@ -30,10 +30,12 @@
 #include <cstdint>
 #include <memory>
 #include <string>
+#include <type_traits>
 #include <vector>
 
 #include "common/clock.h"
 #include "common/store.h"
+#include "transport/channel.h"
 #include "transport/shm/futex.h"
 #include "transport/shm/segment.h"
 
@@ -42,19 +44,15 @@ namespace smddp::transport {
 // What a rank is about to do; peers compare it with their own (mismatch
 // detection) and read the addresses in it (single-copy).
 struct OpDesc {
-  uint64_t seq = 0;
-  uint8_t kind = 0;
-  uint8_t dtype = 0;
-  uint8_t redop = 0;
-  uint8_t path = 0;
-  int32_t root = 0;
-  uint64_t count = 0;
+  MessageTag call;  // as the call's socket and ring messages carry it
   uint64_t in_addr = 0;
   uint64_t out_addr = 0;
   uint64_t aux = 0;
-  uint64_t reserved[2] = {0, 0};
+  uint8_t path = 0;
+  uint8_t reserved[15] = {};
 };
 static_assert(sizeof(OpDesc) == 64, "OpDesc is one cache line");
+static_assert(std::is_trivially_copyable_v<OpDesc>, "OpDesc lives in shared memory");
 
 struct alignas(64) RankControl {
   std::atomic<uint32_t> phase{0};
