@@ -19,10 +19,6 @@ size_t chunkLen(size_t block, size_t chunk, size_t c) {
   return off >= block ? 0 : std::min(chunk, block - off);
 }
 
-size_t ceilDiv(size_t a, size_t b) {
-  return (a + b - 1) / b;
-}
-
 // See hierarchical.h; measured on 2 emulated nodes x 2 ranks.
 constexpr size_t kSequentialBytes = size_t{512} << 10;
 

@@ -10,14 +10,6 @@ namespace smddp::algorithm {
 
 using transport::OpDesc;
 
-namespace {
-
-size_t ceilDiv(size_t a, size_t b) {
-  return (a + b - 1) / b;
-}
-
-} // namespace
-
 NodeCollectives::NodeCollectives(transport::NodeArena& arena, const Config& config)
     : arena_(arena), config_(config) {}
 

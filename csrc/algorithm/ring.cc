@@ -42,7 +42,7 @@ transport::MessageTag messageTag(const OpArgs& args) {
 }
 
 size_t ringChunks(size_t max_block_bytes, size_t chunk_bytes) {
-  return std::max<size_t>(1, (max_block_bytes + chunk_bytes - 1) / chunk_bytes);
+  return std::max<size_t>(1, ceilDiv(max_block_bytes, chunk_bytes));
 }
 
 void ringAllGather(

@@ -46,10 +46,6 @@ ncclRedOp_t ncclOpOf(ReduceOp op) {
   }
 }
 
-size_t ceilDiv(size_t a, size_t b) {
-  return (a + b - 1) / b;
-}
-
 void copyAsync(void* dst, const void* src, size_t bytes, cudaStream_t s) {
   if (bytes > 0 && dst != src) {
     cudaCheck(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToDevice, s), "cudaMemcpyAsync");
