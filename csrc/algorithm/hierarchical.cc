@@ -164,6 +164,45 @@ Ring HierarchicalCommunicator::railRing(const OpArgs& args, bool with_wake) {
   return ring;
 }
 
+std::vector<size_t> HierarchicalCommunicator::railOffsets(size_t b) const {
+  std::vector<size_t> offsets;
+  for (int g : rail_) {
+    offsets.push_back(static_cast<size_t>(g) * b);
+  }
+  return offsets;
+}
+
+void HierarchicalCommunicator::railAllGather(
+    const OpArgs& args,
+    bool with_wake,
+    const std::function<void(uint64_t unit)>& on_landed) {
+  const size_t b = args.count * args.elemSize();
+  ringAllGather(
+      railRing(args, with_wake), static_cast<uint8_t*>(args.out), railOffsets(b),
+      std::vector<size_t>(static_cast<size_t>(topo_.numNodes()), b), messageTag(args), args.deadline, on_landed);
+}
+
+Contributions HierarchicalCommunicator::partialContributions(size_t b) {
+  const size_t N = static_cast<size_t>(topo_.numNodes());
+  Contributions contrib;
+  contrib.base = partials_.reserve(N * b);
+  for (size_t m = 0; m < N; ++m) {
+    contrib.offsets.push_back(m * b);
+  }
+  return contrib;
+}
+
+void HierarchicalCommunicator::railReduceScatter(
+    const OpArgs& args,
+    const Contributions& contrib,
+    bool raw,
+    bool with_wake) {
+  ringReduceScatter(
+      railRing(args, with_wake), args.reduce, contrib, args.out,
+      std::vector<size_t>(static_cast<size_t>(topo_.numNodes()), args.count), raw, true, messageTag(args),
+      args.deadline, &ring_scratch_);
+}
+
 void HierarchicalCommunicator::wakeRail() {
   uint64_t one = 1;
   [[maybe_unused]] ssize_t w = ::write(wake_fd_, &one, sizeof(one));
@@ -225,13 +264,7 @@ void HierarchicalCommunicator::allGather(const OpArgs& args) {
     const size_t b = args.count * args.elemSize();
     auto* out = static_cast<uint8_t*>(args.out);
     copyBytes(out + static_cast<size_t>(topo_.rank()) * b, args.in, b);
-    std::vector<size_t> offsets;
-    for (int g : rail_) {
-      offsets.push_back(static_cast<size_t>(g) * b);
-    }
-    ringAllGather(
-        railRing(args, false), out, offsets, std::vector<size_t>(static_cast<size_t>(N), b),
-        messageTag(args), args.deadline);
+    railAllGather(args, false);
     return;
   }
   if (sequential(args.count * args.elemSize())) {
@@ -259,12 +292,7 @@ void HierarchicalCommunicator::allGatherPipelined(const OpArgs& args) {
   node_->round(args.deadline);
   node_->verifyDescs(args);
 
-  std::vector<size_t> offsets;
-  for (int g : rail_) {
-    offsets.push_back(static_cast<size_t>(g) * b);
-  }
   const uint32_t base = static_cast<uint32_t>(mine.aux);
-  const transport::MessageTag tag = messageTag(args);
 
   // Units, in the order every rank announces them: its own block's chunks,
   // then the rail's chunks as they land (step-major).
@@ -277,9 +305,7 @@ void HierarchicalCommunicator::allGatherPipelined(const OpArgs& args) {
       }
       arena_->postProgress(base + static_cast<uint32_t>(c) + 1);
     }
-    ringAllGather(
-        railRing(args, true), out, offsets, std::vector<size_t>(static_cast<size_t>(N), b), tag, args.deadline,
-        [&](uint64_t u) { arena_->postProgress(base + static_cast<uint32_t>(C + u) + 1); });
+    railAllGather(args, true, [&](uint64_t u) { arena_->postProgress(base + static_cast<uint32_t>(C + u) + 1); });
   };
 
   auto node_stage = [&] {
@@ -317,15 +343,10 @@ void HierarchicalCommunicator::reduceScatter(const OpArgs& args) {
     return;
   }
   if (topo_.localSize() == 1) {
-    const size_t b = args.count * args.elemSize();
     Contributions contrib;
     contrib.base = static_cast<const uint8_t*>(args.in);
-    for (int g : rail_) {
-      contrib.offsets.push_back(static_cast<size_t>(g) * b);
-    }
-    ringReduceScatter(
-        railRing(args, false), args.reduce, contrib, args.out, std::vector<size_t>(static_cast<size_t>(N), args.count),
-        true, true, messageTag(args), args.deadline, &ring_scratch_);
+    contrib.offsets = railOffsets(args.count * args.elemSize());
+    railReduceScatter(args, contrib, true, false);
     return;
   }
   if (sequential(args.count * args.elemSize())) {
@@ -349,25 +370,15 @@ void HierarchicalCommunicator::reduceScatterPipelined(const OpArgs& args) {
   node_->round(args.deadline);
   node_->verifyDescs(args);
 
-  partials_.reserve(static_cast<size_t>(N) * b);
+  Contributions contrib = partialContributions(b);
   partials_ready_.store(0);
   // The rail consumes the partial of block n-1 first, then n-2, ..., then n.
   auto order = [&](int member) { return static_cast<uint64_t>(mod(n - 1 - member, N)); };
-  Contributions contrib;
-  contrib.base = partials_.data();
-  for (int m = 0; m < N; ++m) {
-    contrib.offsets.push_back(static_cast<size_t>(m) * b);
-  }
   contrib.ready = [&](int member, size_t c) {
     return partials_ready_.load(std::memory_order_acquire) >= order(member) * C + c + 1;
   };
-  const transport::MessageTag tag = messageTag(args);
 
-  auto rail_stage = [&] {
-    ringReduceScatter(
-        railRing(args, true), args.reduce, contrib, args.out, std::vector<size_t>(static_cast<size_t>(N), args.count),
-        false, true, tag, args.deadline, &ring_scratch_);
-  };
+  auto rail_stage = [&] { railReduceScatter(args, contrib, false, true); };
   auto node_stage = [&] {
     for (int j = 0; j < N; ++j) {
       const int member = mod(n - 1 - j, N);
@@ -436,15 +447,7 @@ void HierarchicalCommunicator::allGatherSequential(const OpArgs& args) {
   if (my_block != args.in) {
     copyBytes(my_block, args.in, b);
   }
-  std::vector<size_t> offsets;
-  for (int g : rail_) {
-    offsets.push_back(static_cast<size_t>(g) * b);
-  }
-  railStage([&] {
-    ringAllGather(
-        railRing(args, false), out, offsets, std::vector<size_t>(static_cast<size_t>(N), b), messageTag(args),
-        args.deadline);
-  });
+  railStage([&] { railAllGather(args, false); });
   if (single) {
     node_->round(args.deadline);
     for (int k = 1; k < L; ++k) {
@@ -487,7 +490,8 @@ void HierarchicalCommunicator::reduceScatterSequential(const OpArgs& args) {
   const size_t es = args.elemSize();
   const size_t b = args.count * es;
   const auto* in = static_cast<const uint8_t*>(args.in);
-  uint8_t* partials = partials_.reserve(static_cast<size_t>(N) * b);
+  const Contributions contrib = partialContributions(b);
+  uint8_t* partials = partials_.data();
   // Block m of local rank p's rail: the block of node m's local rank p.
   auto block = [&](int p, int m) {
     return static_cast<size_t>(topo_.nodeRanks(m)[static_cast<size_t>(p)]);
@@ -540,16 +544,7 @@ void HierarchicalCommunicator::reduceScatterSequential(const OpArgs& args) {
       }
     }
   }
-  Contributions contrib;
-  contrib.base = partials;
-  for (int m = 0; m < N; ++m) {
-    contrib.offsets.push_back(static_cast<size_t>(m) * b);
-  }
-  railStage([&] {
-    ringReduceScatter(
-        railRing(args, false), args.reduce, contrib, args.out, std::vector<size_t>(static_cast<size_t>(N), args.count),
-        false, true, messageTag(args), args.deadline, &ring_scratch_);
-  });
+  railStage([&] { railReduceScatter(args, contrib, false, false); });
 }
 
 // ------------------------------------------------------------ AllReduce

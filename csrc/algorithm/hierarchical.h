@@ -101,6 +101,19 @@ class HierarchicalCommunicator : public Communicator {
 
  private:
   Ring railRing(const OpArgs& args, bool with_wake);
+  // Byte offsets of my rail's blocks (of `b` bytes) in a rank-major buffer.
+  std::vector<size_t> railOffsets(size_t b) const;
+  // The rail stages: AllGather of my rail's blocks in args.out (mine already
+  // there); ReduceScatter of `contrib` (block m: node m's) into args.out,
+  // finalized. `raw`: the contributions are the call's inputs.
+  void railAllGather(
+      const OpArgs& args,
+      bool with_wake,
+      const std::function<void(uint64_t unit)>& on_landed = nullptr);
+  void railReduceScatter(const OpArgs& args, const Contributions& contrib, bool raw, bool with_wake);
+  // Reserves the node partials (a block of `b` bytes per node) and
+  // describes them as the rail's contributions.
+  Contributions partialContributions(size_t b);
   // Runs the rail stage on the stage thread and `node_stage` here; the
   // first failure of either stops the other.
   void runStages(const std::function<void()>& rail_stage, const std::function<void()>& node_stage);
