@@ -23,6 +23,13 @@ namespace {
 
 constexpr size_t kSlot = 4096;
 
+// Small slots: a few KiB already take many rounds.
+NodeArena::Options smallSlots() {
+  NodeArena::Options o;
+  o.slot_bytes = kSlot;
+  return o;
+}
+
 Config configFor(const char* single_copy) {
   return Config::fromEnv([&](const char* name) -> const char* {
     if (std::strcmp(name, "SMDDP_SINGLE_COPY") == 0) {
@@ -180,8 +187,7 @@ void collectivesFor(const char* single_copy) {
     ::smddp::test::runRanks(L, [&](int rank) {
       ::smddp::test::DirStore store(dir);
       Config cfg = configFor(single_copy);
-      NodeArena::Options o;
-      o.slot_bytes = kSlot;
+      NodeArena::Options o = smallSlots();
       o.timeout = std::chrono::seconds(20);
       NodeArena arena(store, "arena", rank, iota(L), o);
       NodeCollectives node(arena, cfg);
@@ -205,9 +211,7 @@ SMDDP_TEST(disagreeing_ranks_fail_on_every_rank) {
   std::string dir = ::smddp::test::tempDir();
   ::smddp::test::runRanks(2, [&](int rank) {
     ::smddp::test::DirStore store(dir);
-    NodeArena::Options o;
-    o.slot_bytes = kSlot;
-    NodeArena arena(store, "arena", rank, iota(2), o);
+    NodeArena arena(store, "arena", rank, iota(2), smallSlots());
     NodeCollectives node(arena, configFor("auto"));
     std::vector<float> in(8, 1.f), out(16);
     OpArgs a;
@@ -227,9 +231,7 @@ SMDDP_TEST(dead_peer_is_reported_within_a_second) {
       3,
       [&](int rank) {
         ::smddp::test::DirStore store(dir);
-        NodeArena::Options o;
-        o.slot_bytes = kSlot;
-        NodeArena arena(store, "arena", rank, iota(3), o);
+        NodeArena arena(store, "arena", rank, iota(3), smallSlots());
         NodeCollectives node(arena, configFor("auto"));
         if (rank == 2) {
           ::_exit(0);  // dies without a word
@@ -268,9 +270,7 @@ SMDDP_TEST(shm_channel_peer_gone_after_its_last_ack) {
       2,
       [&](int rank) {
         ::smddp::test::DirStore store(dir);
-        NodeArena::Options o;
-        o.slot_bytes = kSlot;
-        NodeArena arena(store, "arena", rank, iota(2), o);
+        NodeArena arena(store, "arena", rank, iota(2), smallSlots());
         transport::ShmChannel ch(arena, 1 - rank, 1 - rank);
         transport::MessageTag tag;
         tag.seq = 7;
@@ -304,9 +304,7 @@ SMDDP_TEST(timeout_names_the_late_rank) {
   std::string dir = ::smddp::test::tempDir();
   ::smddp::test::runRanks(2, [&](int rank) {
     ::smddp::test::DirStore store(dir);
-    NodeArena::Options o;
-    o.slot_bytes = kSlot;
-    NodeArena arena(store, "arena", rank, iota(2), o);
+    NodeArena arena(store, "arena", rank, iota(2), smallSlots());
     NodeCollectives node(arena, configFor("auto"));
     OpArgs a;
     a.kind = CollectiveKind::kBarrier;
@@ -324,9 +322,7 @@ SMDDP_TEST(nothing_left_in_dev_shm) {
   std::string dir = ::smddp::test::tempDir();
   ::smddp::test::runRanks(2, [&](int rank) {
     ::smddp::test::DirStore store(dir);
-    NodeArena::Options o;
-    o.slot_bytes = kSlot;
-    NodeArena arena(store, "arena", rank, iota(2), o);
+    NodeArena arena(store, "arena", rank, iota(2), smallSlots());
     // While the arena is in use, its name is already gone.
     EXPECT_EQ(countShmEntries(), 0);
   });
