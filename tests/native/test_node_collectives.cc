@@ -328,3 +328,16 @@ SMDDP_TEST(nothing_left_in_dev_shm) {
   });
   EXPECT_EQ(countShmEntries(), before);
 }
+
+SMDDP_TEST(slot_too_small_for_the_node_fails_on_every_rank) {
+  // Each rank fails on its own, before it creates or waits for the segment:
+  // a hang here would be the defect.
+  std::string dir = ::smddp::test::tempDir();
+  ::smddp::test::runRanks(3, [&](int rank) {
+    ::smddp::test::DirStore store(dir);
+    NodeArena::Options o;
+    o.slot_bytes = 16;
+    o.timeout = std::chrono::milliseconds(2000);
+    EXPECT_THROWS(NodeArena(store, "arena", rank, iota(3), o), kConfig, "SMDDP_SHM_SLOT_BYTES to at least 24");
+  });
+}

@@ -59,6 +59,21 @@ NodeArena::NodeArena(
       group_ranks_(group_ranks),
       slot_bytes_(options.slot_bytes) {
   const Deadline deadline = Deadline::after(options_.timeout);
+  // A staged ReduceScatter round holds one element for each local rank in a
+  // slot; every rank of the node computes this alike, so all fail together.
+  constexpr size_t kWidestElement = 8;
+  if (slot_bytes_ < static_cast<size_t>(local_size_) * kWidestElement) {
+    SMDDP_THROW(
+        kConfig,
+        "a staging slot of ",
+        slot_bytes_,
+        " bytes cannot hold one 8-byte element for each of the node's ",
+        local_size_,
+        " ranks (local rank ",
+        local_rank_,
+        "); set SMDDP_SHM_SLOT_BYTES to at least ",
+        static_cast<size_t>(local_size_) * kWidestElement);
+  }
   const size_t total = totalBytes(local_size_, slot_bytes_);
   if (local_rank_ == 0) {
     sweepStaleSegments();
