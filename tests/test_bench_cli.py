@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import math
 import sys
+import time
 import types
 
 import numpy as np
@@ -98,6 +99,8 @@ def test_ranges_lists_and_choices(monkeypatch):
         ["--nproc", "6", "--nodes", "3", "-n", "7", "-w", "0", "--no-save"], monkeypatch
     )
     assert (world, rpn, s.iters, s.warmup) == (6, 2, 7, 0)
+    assert s.block_warmup == 3
+    assert _parse(["--block-warmup", "0"], monkeypatch)[0].block_warmup == 0
     assert s.json_path is None and s.plot_path is None
     s, _, _ = _parse(["--op", "allgather,rs", "--time-per-point", "0.5"], monkeypatch)
     assert s.ops == ("all_gather", "reduce_scatter") and s.time_per_point == 0.5
@@ -119,6 +122,7 @@ def test_ranges_lists_and_choices(monkeypatch):
         (["--nproc", "4", "--nodes", "3"], "does not divide"),
         (["--redop", "xor"], "invalid choice"),
         (["--root", "9"], "not a rank"),
+        (["--block-warmup", "-1"], "--block-warmup is too small"),
     ],
 )
 def test_errors_name_the_problem(argv, message, monkeypatch, capsys):
@@ -126,6 +130,26 @@ def test_errors_name_the_problem(argv, message, monkeypatch, capsys):
         _parse(argv, monkeypatch)
     assert exc.value.code == 2
     assert message in capsys.readouterr().err
+
+
+def test_a_block_times_its_calls_after_the_untimed_ones(monkeypatch):
+    from smddp.bench import sweep
+
+    # The block's collectives on the control group, stood in for: one rank.
+    monkeypatch.setattr(sweep.dist, "barrier", lambda group=None: None)
+    monkeypatch.setattr(sweep.dist, "all_reduce", lambda t, op=None, group=None: None)
+    calls = []
+
+    def fn():
+        calls.append(time.perf_counter())
+        if len(calls) <= 2:
+            time.sleep(0.2)  # the cold calls: must not count
+
+    rank = types.SimpleNamespace(cuda=False, ctrl=None)
+    times, wall = sweep.Sweep._block(rank, fn, 4, None, 2)
+    assert len(calls) == 6
+    assert times[0] < 0.05, f"untimed calls were timed: {times[0]:.3f} s per call"
+    assert wall >= 0.4, "the untimed calls did not run before the timed ones"
 
 
 def test_step_is_dispatched_lazily(monkeypatch, capsys):

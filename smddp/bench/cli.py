@@ -196,6 +196,13 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument(
         "-w", "--warmup", type=int, default=2, help="warm-up iterations per backend and size"
     )
+    g.add_argument(
+        "--block-warmup",
+        type=int,
+        default=3,
+        help="untimed calls at the start of every timed block, so that neither backend's "
+        "time includes re-warming what the other's block evicted (0: time them too)",
+    )
     how = g.add_mutually_exclusive_group()
     how.add_argument(
         "-n", "--iters", type=int, default=None, help="timed iterations per backend and size"
@@ -294,8 +301,8 @@ def resolve(
         rpn = world // 2 if device == "cpu" and world >= 4 and world % 2 == 0 else world
     if not 0 <= ns.root < world:
         parser.error(f"--root {ns.root} is not a rank of {world}")
-    for name in ("warmup", "min_iters", "max_iters", "rounds"):
-        if getattr(ns, name) < (0 if name == "warmup" else 1):
+    for name in ("warmup", "block_warmup", "min_iters", "max_iters", "rounds"):
+        if getattr(ns, name) < (0 if name in ("warmup", "block_warmup") else 1):
             parser.error(f"--{name.replace('_', '-')} is too small: {getattr(ns, name)}")
     if ns.iters is not None and ns.iters < 1:
         parser.error(f"-n must be at least 1, got {ns.iters}")
@@ -316,6 +323,7 @@ def resolve(
         backends=backends,
         device=device,
         warmup=ns.warmup,
+        block_warmup=ns.block_warmup,
         iters=ns.iters,
         time_per_point=ns.time_per_point if ns.time_per_point is not None else 0.3,
         min_iters=ns.min_iters,

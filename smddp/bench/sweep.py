@@ -7,7 +7,10 @@ shared by the backends; the backends then take turns in short blocks of
 iterations (ABBA order), so that a machine that slows down or speeds up during
 the run affects them alike. A block runs its iterations back to back after a
 barrier on the control group (as nccl-tests does); its time per iteration is
-the slowest rank's, and reported times are the median over blocks. After
+the slowest rank's, and reported times are the median over blocks. Each
+block starts with untimed calls (block_warmup): on a virtual machine the
+first calls after the rival's block re-fault page tables and caches that the
+rival evicted, a cost that would fall on whichever backend is faster. After
 every block one more call, on freshly restored inputs into a poisoned output,
 is checked against the expected value (smddp.bench.ops), so a backend that
 writes nothing cannot pass.
@@ -46,6 +49,7 @@ class SweepSettings:
     backends: tuple[str, ...] = ("smddp", "gloo")
     device: str = "cpu"
     warmup: int = 2
+    block_warmup: int = 3  # untimed calls at the start of every measured block
     iters: int | None = None  # fixed count per backend and point; None: time budget
     time_per_point: float = 0.3  # seconds per backend and point
     min_iters: int = 5
@@ -219,13 +223,20 @@ class Sweep:
 
     # -- timing ---------------------------------------------------------
     def _block(
-        self, fn: Callable[[], None], k: int, restore: Callable[[], None] | None
+        self,
+        fn: Callable[[], None],
+        k: int,
+        restore: Callable[[], None] | None,
+        untimed: int = 0,
     ) -> tuple[list[float], float]:
         """k iterations back to back after one barrier, as nccl-tests times
         them (a barrier before every iteration would add its exit skew to
-        every small message); returns the block's time per iteration (the
-        slowest rank's) and the block's wall time on this rank."""
+        every small message), after `untimed` calls that are not timed;
+        returns the block's time per iteration (the slowest rank's) and the
+        block's wall time on this rank."""
         start = time.perf_counter()
+        for _ in range(untimed):
+            fn()
         if restore is not None:
             restore()
         if self.cuda:
@@ -355,7 +366,7 @@ class Sweep:
                     continue
 
                 def run_block(b: str = b, k: int = k) -> tuple[list[float], int]:
-                    times, _ = self._block(calls[b], k, point.restore)
+                    times, _ = self._block(calls[b], k, point.restore, self.s.block_warmup)
                     # In-place ops drift over a block: check one fresh call.
                     point.poison()
                     if point.restore is not None:
