@@ -266,6 +266,46 @@ def test_subgroup_topology(pools) -> None:
         assert "2 ranks" in r["describe"], r["describe"]
 
 
+def case_member_returns_after_every_fallback(members: list[int], slow: int) -> dict | None:
+    """Rank `slow` finishes creating its fallback group a second late; when
+    did that happen, and when did each member's new_group return?"""
+    from smddp import _C, _registry
+
+    torch.set_num_threads(1)
+    done: list[float] = []
+
+    def factory(*args):
+        out = _registry._make_fallbacks(*args)
+        if dist.get_rank() == slow:
+            time.sleep(1.0)
+        done.append(time.time())
+        return out
+
+    _C.set_fallback_factory(factory)
+    try:
+        g = dist.new_group(ranks=members, backend="smddp")
+        returned = time.time()
+    finally:
+        _C.set_fallback_factory(_registry._make_fallbacks)
+    if dist.get_rank() not in members:
+        return None
+    dist.destroy_process_group(g)  # at once: what a peer still connecting must survive
+    return {"fallback_done": done[-1], "returned": returned}
+
+
+@pytest.mark.timeout(60, func_only=True)
+def test_no_member_returns_before_every_fallback_is_connected(pools) -> None:
+    # A member that returned early could destroy the group while a peer's
+    # gloo fallback still completed its connection to it.
+    results = pools(4).run(case_member_returns_after_every_fallback, [3, 1], 1, timeout=40)
+    slow_done = results[1]["fallback_done"]
+    for rank in (1, 3):
+        assert results[rank]["returned"] >= slow_done, (
+            f"rank {rank} returned from new_group {slow_done - results[rank]['returned']:.3f} s "
+            "before rank 1 had its fallback group"
+        )
+
+
 # ---------------------------------------------------------------- /dev/shm
 
 

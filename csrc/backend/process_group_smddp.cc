@@ -231,6 +231,25 @@ ProcessGroupSMDDP::ProcessGroupSMDDP(
     for (auto& [device, backend] : makeFallbacks(prefixed, rank, size, timeout, config_.fallback)) {
       fallbacks_[static_cast<int>(device)] = backend;
     }
+    // No member returns before every member has connected its fallback: one
+    // that destroyed the group at once would close its sockets while a peer
+    // still completes the connection, and gloo fails that peer's set-up as
+    // if this rank had crashed.
+    try {
+      storeBarrier(st, "smddp/fallbacks-connected", size);
+    } catch (const Error& e) {
+      TORCH_CHECK_WITH(
+          DistBackendError,
+          false,
+          "ProcessGroupSMDDP (rank ",
+          rank,
+          " of ",
+          size,
+          ", group '",
+          group_name_,
+          "'): set-up failed waiting for the other ranks to create the fallback group: ",
+          e.what());
+    }
   }
   SMDDP_LOG(kInfo, "group '", group_name_, "' rank ", rank, "/", size, ": ", describe());
   init();
