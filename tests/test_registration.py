@@ -11,6 +11,7 @@ import socket
 import subprocess
 import sys
 import time
+from typing import Any
 
 import pytest
 import torch
@@ -266,12 +267,29 @@ def test_subgroup_topology(pools) -> None:
         assert "2 ranks" in r["describe"], r["describe"]
 
 
-def case_member_returns_after_every_fallback(members: list[int], slow: int) -> dict | None:
-    """Rank `slow` finishes creating its fallback group a second late; when
-    did that happen, and when did each member's new_group return?"""
+def _new_group_with_factory(members: list[int], factory) -> tuple[Any, BaseException | None]:
+    """new_group(members) with `factory` making the fallbacks, and with
+    torch's own barrier after group creation off (it would hide ours)."""
     from smddp import _C, _registry
 
     torch.set_num_threads(1)
+    saved = os.environ.pop("TORCH_DIST_INIT_BARRIER", None)
+    _C.set_fallback_factory(factory)
+    try:
+        return dist.new_group(ranks=members, backend="smddp"), None
+    except Exception as e:  # noqa: BLE001 - returned to the test
+        return None, e
+    finally:
+        _C.set_fallback_factory(_registry._make_fallbacks)
+        if saved is not None:
+            os.environ["TORCH_DIST_INIT_BARRIER"] = saved
+
+
+def case_member_returns_after_every_fallback(members: list[int], slow: int) -> dict | None:
+    """Rank `slow` finishes creating its fallback group a second late; when
+    did that happen, and when did each member's new_group return?"""
+    from smddp import _registry
+
     done: list[float] = []
 
     def factory(*args):
@@ -281,16 +299,33 @@ def case_member_returns_after_every_fallback(members: list[int], slow: int) -> d
         done.append(time.time())
         return out
 
-    _C.set_fallback_factory(factory)
-    try:
-        g = dist.new_group(ranks=members, backend="smddp")
-        returned = time.time()
-    finally:
-        _C.set_fallback_factory(_registry._make_fallbacks)
+    g, error = _new_group_with_factory(members, factory)
+    returned = time.time()
+    if error is not None:
+        raise error
     if dist.get_rank() not in members:
         return None
     dist.destroy_process_group(g)  # at once: what a peer still connecting must survive
     return {"fallback_done": done[-1], "returned": returned}
+
+
+def case_fallback_fails_on_one_rank(members: list[int], failing: int) -> dict | None:
+    """Rank `failing` connects its gloo fallback, then fails (as a missing
+    nccl would); what does every member's new_group raise, how fast?"""
+    from smddp import _registry
+
+    def factory(*args):
+        out = _registry._make_fallbacks(*args)
+        if dist.get_rank() == failing:
+            raise RuntimeError("no fallback for this rank")
+        return out
+
+    start = time.monotonic()
+    g, error = _new_group_with_factory(members, factory)
+    if dist.get_rank() not in members:
+        return None
+    assert g is None, f"rank {dist.get_rank()}: new_group succeeded"
+    return {"type": type(error).__name__, "message": str(error), "seconds": time.monotonic() - start}
 
 
 @pytest.mark.timeout(60, func_only=True)
@@ -304,6 +339,19 @@ def test_no_member_returns_before_every_fallback_is_connected(pools) -> None:
             f"rank {rank} returned from new_group {slow_done - results[rank]['returned']:.3f} s "
             "before rank 1 had its fallback group"
         )
+
+
+@pytest.mark.timeout(60, func_only=True)
+def test_a_failed_fallback_fails_every_member_at_once(pools) -> None:
+    # The pool's groups time out after 60 s: failing within 20 s means the
+    # other member learnt of the failure instead of waiting for rank 1.
+    results = pools(4).run(case_fallback_fails_on_one_rank, [3, 1], 1, timeout=40)
+    assert "no fallback for this rank" in results[1]["message"], results[1]
+    other = results[3]
+    assert other["type"] == "DistBackendError", other
+    for part in ("rank 0: ", "no fallback for this rank", "SMDDP_FALLBACK=none", "rank 1 of 2"):
+        assert part in other["message"], f"{part!r} not in: {other['message']}"
+    assert other["seconds"] < 20, other
 
 
 # ---------------------------------------------------------------- /dev/shm

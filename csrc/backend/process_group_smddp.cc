@@ -228,28 +228,44 @@ ProcessGroupSMDDP::ProcessGroupSMDDP(
   }
   if (config_.fallback != "none") {
     auto prefixed = c10::make_intrusive<::c10d::PrefixStore>("smddp-fallback", store);
-    for (auto& [device, backend] : makeFallbacks(prefixed, rank, size, timeout, config_.fallback)) {
-      fallbacks_[static_cast<int>(device)] = backend;
+    std::exception_ptr mine;
+    std::string failure;
+    try {
+      for (auto& [device, backend] : makeFallbacks(prefixed, rank, size, timeout, config_.fallback)) {
+        fallbacks_[static_cast<int>(device)] = backend;
+      }
+    } catch (const std::exception& e) {
+      mine = std::current_exception();
+      failure = str("rank ", rank, ": ", e.what());
     }
     // No member returns before every member has connected its fallback: one
     // that destroyed the group at once would close its sockets while a peer
     // still completes the connection, and gloo fails that peer's set-up as
-    // if this rank had crashed.
+    // if this rank had crashed. A rank whose fallback failed still arrives,
+    // so that the others fail now, naming it, instead of at the timeout.
     try {
-      storeBarrier(st, "smddp/fallbacks-connected", size);
-    } catch (const Error& e) {
-      TORCH_CHECK_WITH(
-          DistBackendError,
-          false,
-          "ProcessGroupSMDDP (rank ",
-          rank,
-          " of ",
-          size,
-          ", group '",
-          group_name_,
-          "'): set-up failed waiting for the other ranks to create the fallback group: ",
-          e.what());
+      failure = storeBarrier(st, "smddp/fallbacks-connected", size, failure);
+    } catch (const std::exception& e) {
+      failure = str("the ranks did not all arrive: ", e.what());
     }
+    if (mine) {
+      std::rethrow_exception(mine);
+    }
+    TORCH_CHECK_WITH(
+        DistBackendError,
+        failure.empty(),
+        "ProcessGroupSMDDP (rank ",
+        rank,
+        " of ",
+        size,
+        ", group '",
+        group_name_,
+        "'): creating the fallback group (SMDDP_FALLBACK=",
+        config_.fallback,
+        ") failed: ",
+        failure,
+        ". Fix that rank's error, or set SMDDP_FALLBACK=none on every rank if only smddp's native "
+        "collectives are needed.");
   }
   SMDDP_LOG(kInfo, "group '", group_name_, "' rank ", rank, "/", size, ": ", describe());
   init();

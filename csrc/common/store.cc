@@ -19,12 +19,21 @@ std::vector<std::vector<uint8_t>> storeAllGather(
   return all;
 }
 
-void storeBarrier(Store& store, const std::string& key, int size) {
-  int64_t arrived = store.add(key + "/arrived", 1);
-  if (arrived == size) {
-    store.set(key + "/done", {1});
+std::string storeBarrier(Store& store, const std::string& key, int size, const std::string& failure) {
+  // A round cannot end without this rank, so the count before its arrival
+  // names the round it belongs to.
+  const int64_t round = store.add(key + "/arrived", 0) / size;
+  const std::string at = key + "/" + std::to_string(round);
+  if (!failure.empty()) {
+    // Written before this rank arrives, so before the round is done.
+    store.add(at + "/failures", 1);
+    store.set(at + "/failure", toBytes(failure));
   }
-  store.get(key + "/done");
+  if (store.add(key + "/arrived", 1) == (round + 1) * size) {
+    store.set(at + "/done", {1});
+  }
+  store.get(at + "/done");
+  return store.add(at + "/failures", 0) > 0 ? toString(store.get(at + "/failure")) : std::string();
 }
 
 std::vector<uint8_t> toBytes(const std::string& s) {

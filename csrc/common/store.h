@@ -31,8 +31,11 @@ std::vector<std::vector<uint8_t>> storeAllGather(
     int size,
     const std::vector<uint8_t>& mine);
 
-// All `size` ranks arrive before any returns.
-void storeBarrier(Store& store, const std::string& key, int size);
+// All `size` ranks arrive before any returns. The key may be used again
+// (a group re-created on the same store): each `size` arrivals are a round
+// of their own. A rank that arrives with a `failure` makes the call return
+// it on every rank (one of them if several fail); "" when nobody failed.
+std::string storeBarrier(Store& store, const std::string& key, int size, const std::string& failure = "");
 
 std::vector<uint8_t> toBytes(const std::string& s);
 std::string toString(const std::vector<uint8_t>& b);

@@ -1,5 +1,10 @@
 // rank -> (node, local rank), node-local groups and rails for the emulated
-// shapes, and non-uniform topologies.
+// shapes, and non-uniform topologies; the store barrier the group set-up
+// ends with.
+#include <chrono>
+#include <thread>
+
+#include "common/store.h"
 #include "harness.h"
 #include "topology/topology.h"
 
@@ -57,4 +62,23 @@ SMDDP_TEST(node_key_emulation) {
   EXPECT_EQ(topology::nodeKey("h", 5, 0), std::string("h"));
   EXPECT_EQ(topology::nodeKey("h", 5, 2), std::string("h#2"));
   EXPECT_TRUE(!topology::hostIdentity().empty());
+}
+
+SMDDP_TEST(store_barrier_rounds_and_failures) {
+  std::string dir = ::smddp::test::tempDir();
+  ::smddp::test::runRanks(3, [&](int rank) {
+    ::smddp::test::DirStore store(dir);
+    // Round 1: nobody fails.
+    EXPECT_EQ(storeBarrier(store, "b", 3), std::string());
+    // Round 2 on the same key: rank 1's failure reaches every rank.
+    EXPECT_EQ(storeBarrier(store, "b", 3, rank == 1 ? "rank 1: no gloo" : ""), std::string("rank 1: no gloo"));
+    // Round 3: the failure was round 2's, and nobody leaves before the
+    // late rank arrives.
+    const auto start = std::chrono::steady_clock::now();
+    if (rank == 2) {
+      std::this_thread::sleep_for(std::chrono::milliseconds(300));
+    }
+    EXPECT_EQ(storeBarrier(store, "b", 3), std::string());
+    EXPECT_TRUE(std::chrono::steady_clock::now() - start >= std::chrono::milliseconds(250));
+  });
 }
