@@ -338,6 +338,6 @@ SMDDP_TEST(slot_too_small_for_the_node_fails_on_every_rank) {
     NodeArena::Options o;
     o.slot_bytes = 16;
     o.timeout = std::chrono::milliseconds(2000);
-    EXPECT_THROWS(NodeArena(store, "arena", rank, iota(3), o), kConfig, "SMDDP_SHM_SLOT_BYTES to at least 24");
+    EXPECT_THROWS(NodeArena(store, "arena", rank, iota(3), o), kConfig, "SMDDP_SHM_SLOT_BYTES to at least 4096");
   });
 }

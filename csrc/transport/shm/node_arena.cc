@@ -6,6 +6,7 @@
 #include <sys/uio.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <cstring>
 
@@ -62,7 +63,8 @@ NodeArena::NodeArena(
   // A staged ReduceScatter round holds one element for each local rank in a
   // slot; every rank of the node computes this alike, so all fail together.
   constexpr size_t kWidestElement = 8;
-  if (slot_bytes_ < static_cast<size_t>(local_size_) * kWidestElement) {
+  const size_t least = static_cast<size_t>(local_size_) * kWidestElement;
+  if (slot_bytes_ < least) {
     SMDDP_THROW(
         kConfig,
         "a staging slot of ",
@@ -72,7 +74,7 @@ NodeArena::NodeArena(
         " ranks (local rank ",
         local_rank_,
         "); set SMDDP_SHM_SLOT_BYTES to at least ",
-        static_cast<size_t>(local_size_) * kWidestElement);
+        std::max<size_t>(4096, (least + 63) / 64 * 64));
   }
   const size_t total = totalBytes(local_size_, slot_bytes_);
   if (local_rank_ == 0) {
