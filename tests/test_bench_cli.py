@@ -141,13 +141,14 @@ def test_a_block_times_its_calls_after_the_untimed_ones(monkeypatch):
     calls = []
 
     def fn():
-        calls.append(time.perf_counter())
+        calls.append("call")
         if len(calls) <= 2:
             time.sleep(0.2)  # the cold calls: must not count
 
     rank = types.SimpleNamespace(cuda=False, ctrl=None)
-    times, wall = sweep.Sweep._block(rank, fn, 4, None, 2)
-    assert len(calls) == 6
+    # In-place ops: the timed calls start from restored inputs.
+    times, wall = sweep.Sweep._block(rank, fn, 4, lambda: calls.append("restore"), 2)
+    assert calls == ["call"] * 2 + ["restore"] + ["call"] * 4
     assert times[0] < 0.05, f"untimed calls were timed: {times[0]:.3f} s per call"
     assert wall >= 0.4, "the untimed calls did not run before the timed ones"
 

@@ -201,7 +201,8 @@ def build_parser() -> argparse.ArgumentParser:
         type=int,
         default=3,
         help="untimed calls at the start of every timed block, so that neither backend's "
-        "time includes re-warming what the other's block evicted (0: time them too)",
+        "time includes re-warming what the other's block evicted; they come on top of "
+        "--time-per-point (0: none, a block's first calls are timed)",
     )
     how = g.add_mutually_exclusive_group()
     how.add_argument(
