@@ -306,6 +306,8 @@ def test_tiny_sweep_writes_json_and_plot(tmp_path, capfd, monkeypatch):
     printed = capfd.readouterr().out
     assert code == 0, printed
     assert "#wrong" in printed and "smddp/gloo" in printed and "avg busbw" in printed
+    assert "1 warm-up calls, then 2 timed calls in 2 blocks" in printed
+    assert "each after 3 untimed calls" in printed
     assert printed.count("# AllGather") == 1 and "#wrong: 0 OK" in printed
     record = json.loads(out_json.read_text())
     _check_record(record)

@@ -357,9 +357,18 @@ def _describe(settings: SweepSettings, world: int, rpn: int | None) -> str:
         if len(sizes) == 1
         else f"{format_size(sizes[0])}..{format_size(sizes[-1])} ({len(sizes)} sizes)"
     )
+    per_point = (
+        f"{settings.iters} timed calls"
+        if settings.iters is not None
+        else f"{settings.time_per_point:g} s of timed calls"
+    )
     return (
         f"# smddp-bench: {shape} on {settings.device}; {' vs '.join(settings.backends)}; "
-        f"{', '.join(settings.ops)}; {', '.join(settings.dtypes)}; {span}"
+        f"{', '.join(settings.ops)}; {', '.join(settings.dtypes)}; {span}\n"
+        f"# per backend and size: {settings.warmup} warm-up calls, then {per_point} in "
+        f"{settings.rounds} blocks that alternate between the backends, each after "
+        f"{settings.block_warmup} untimed calls; time = median over blocks of the slowest "
+        "rank's time per call"
     )
 
 
