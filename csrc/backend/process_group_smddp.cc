@@ -157,6 +157,8 @@ ProcessGroupSMDDP::ProcessGroupSMDDP(
     options_->global_ranks_in_group.push_back(static_cast<uint64_t>(g));
   }
   C10dStoreAdapter st(store, timeout);
+  // How the set-up's communication failures begin.
+  const std::string failed_here = str("ProcessGroupSMDDP (rank ", rank, " of ", size, ", group '", group_name_, "'): ");
   try {
     // Every rank must run the same schedules: their settings must agree.
     auto settings = storeAllGather(st, "smddp/config", rank, size, toBytes(config_.agreementString()));
@@ -210,17 +212,7 @@ ProcessGroupSMDDP::ProcessGroupSMDDP(
     net.store_host = storeHost(store);
     communicator_ = algorithm::createCommunicator(st, *topology_, config_, net, timeout);
   } catch (const Error& e) {
-    TORCH_CHECK_WITH(
-        DistBackendError,
-        false,
-        "ProcessGroupSMDDP (rank ",
-        rank,
-        " of ",
-        size,
-        ", group '",
-        group_name_,
-        "'): set-up failed: ",
-        e.what());
+    TORCH_CHECK_WITH(DistBackendError, false, failed_here, "set-up failed: ", e.what());
   }
   executor_ = std::make_shared<Executor>("smddp-exec");
   if (CudaPath::available() && communicator_) {
@@ -254,13 +246,8 @@ ProcessGroupSMDDP::ProcessGroupSMDDP(
     TORCH_CHECK_WITH(
         DistBackendError,
         failure.empty(),
-        "ProcessGroupSMDDP (rank ",
-        rank,
-        " of ",
-        size,
-        ", group '",
-        group_name_,
-        "'): creating the fallback group (SMDDP_FALLBACK=",
+        failed_here,
+        "creating the fallback group (SMDDP_FALLBACK=",
         config_.fallback,
         ") failed: ",
         failure,
