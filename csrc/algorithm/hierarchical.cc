@@ -512,37 +512,7 @@ void HierarchicalCommunicator::reduceScatterSequential(const OpArgs& args) {
     // The peers' inputs are read; an in-place output may now change.
     node_->round(args.deadline);
   } else {
-    // Slot layout: [destination local rank][block of its rail][chunk].
-    const size_t per = static_cast<size_t>(L) * static_cast<size_t>(N) * es;
-    const size_t chunk = std::max<size_t>(1, arena_->slotBytes() / per);
-    const size_t rounds = std::max<size_t>(1, ceilDiv(args.count, chunk));
-    std::vector<const void*>& srcs = sources_;
-    srcs.assign(static_cast<size_t>(L), nullptr);
-    for (size_t t = 0; t < rounds; ++t) {
-      const size_t off = t * chunk;
-      const size_t n = std::min(chunk, args.count - std::min(args.count, off));
-      const uint32_t parity = arena_->phase() + 1;
-      uint8_t* mine = arena_->slot(me, parity);
-      for (int j = 0; j < L; ++j) {
-        for (int m = 0; m < N && j != me; ++m) {
-          copyBytes(mine + (static_cast<size_t>(j * N + m) * chunk) * es,
-                    in + (block(j, m) * args.count + off) * es, n * es);
-        }
-      }
-      node_->round(args.deadline);
-      if (t == 0) {
-        node_->verifyDescs(args);
-      }
-      for (int m = 0; m < N; ++m) {
-        for (int l = 0; l < L; ++l) {
-          srcs[static_cast<size_t>(l)] = l == me
-              ? in + (block(me, m) * args.count + off) * es
-              : arena_->slot(l, parity) + (static_cast<size_t>(me * N + m) * chunk) * es;
-        }
-        reduce(args.reduce, partials + (static_cast<size_t>(m) * args.count + off) * es, srcs.data(), L, n, true,
-               false);
-      }
-    }
+    node_->reduceScatterStagedBlocks(args, N, block, partials, false);
   }
   railStage([&] { railReduceScatter(args, contrib, false, false); });
 }

@@ -160,37 +160,51 @@ void NodeCollectives::reduceScatter(const OpArgs& args) {
 }
 
 void NodeCollectives::reduceScatterStaged(const OpArgs& args) {
+  openCall(args, kStaged);
+  reduceScatterStagedBlocks(
+      args, 1, [](int j, int) { return static_cast<size_t>(j); }, static_cast<uint8_t*>(args.out), true);
+}
+
+void NodeCollectives::reduceScatterStagedBlocks(
+    const OpArgs& args,
+    int blocks,
+    const std::function<size_t(int rank, int block)>& block_of,
+    uint8_t* dst,
+    bool finalize) {
   const size_t es = args.elemSize();
   const int L = localSize();
   const int me = localRank();
-  // Each round stages the same sub-chunk of every destination block.
-  const size_t chunk = std::max<size_t>(1, arena_.slotBytes() / (static_cast<size_t>(L) * es));
+  const size_t B = static_cast<size_t>(blocks);
+  // Each round stages the same sub-chunk of every destination's blocks.
+  // Slot layout: [destination local rank][its block][chunk].
+  const size_t chunk = std::max<size_t>(1, arena_.slotBytes() / (static_cast<size_t>(L) * B * es));
   const size_t rounds = std::max<size_t>(1, ceilDiv(args.count, chunk));
   const auto* in = static_cast<const uint8_t*>(args.in);
-  auto* out = static_cast<uint8_t*>(args.out);
   std::vector<const void*>& srcs = sources(L);
-  openCall(args, kStaged);
   for (size_t t = 0; t < rounds; ++t) {
     const size_t off = t * chunk;
     const size_t n = std::min(chunk, args.count - std::min(args.count, off));
     const uint32_t parity = arena_.phase() + 1;
     uint8_t* mine = arena_.slot(me, parity);
     for (int j = 0; j < L; ++j) {
-      if (j != me) {
-        copyBytes(mine + static_cast<size_t>(j) * chunk * es,
-                    in + (static_cast<size_t>(j) * args.count + off) * es,
-                    n * es);
+      for (int m = 0; m < blocks && j != me; ++m) {
+        copyBytes(mine + (static_cast<size_t>(j) * B + static_cast<size_t>(m)) * chunk * es,
+                  in + (block_of(j, m) * args.count + off) * es, n * es);
       }
     }
     round(args.deadline);
     if (t == 0) {
       verifyDescs(args);
     }
-    for (int l = 0; l < L; ++l) {
-      srcs[l] = l == me ? in + (static_cast<size_t>(me) * args.count + off) * es
-                        : arena_.slot(l, parity) + static_cast<size_t>(me) * chunk * es;
+    for (int m = 0; m < blocks; ++m) {
+      for (int l = 0; l < L; ++l) {
+        srcs[static_cast<size_t>(l)] = l == me
+            ? in + (block_of(me, m) * args.count + off) * es
+            : arena_.slot(l, parity) + (static_cast<size_t>(me) * B + static_cast<size_t>(m)) * chunk * es;
+      }
+      reduce(args.reduce, dst + (static_cast<size_t>(m) * args.count + off) * es, srcs.data(), L, n, true,
+             finalize);
     }
-    reduce(args.reduce, out + off * es, srcs.data(), L, n, true, true);
   }
 }
 

@@ -40,6 +40,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <functional>
 #include <vector>
 
 #include "algorithm/op.h"
@@ -91,6 +92,16 @@ class NodeCollectives {
       size_t n,
       void* dst,
       bool raw,
+      bool finalize);
+  // Staged ReduceScatter in which every local rank takes `blocks` blocks:
+  // block m of local rank j starts at element block_of(j, m) * args.count of
+  // each input. Reduces my blocks, in local rank order, into dst (block m at
+  // element m * args.count). After openCall(); verifies the descriptors.
+  void reduceScatterStagedBlocks(
+      const OpArgs& args,
+      int blocks,
+      const std::function<size_t(int rank, int block)>& block_of,
+      uint8_t* dst,
       bool finalize);
 
  private:
