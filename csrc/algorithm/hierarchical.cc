@@ -203,6 +203,11 @@ void HierarchicalCommunicator::railReduceScatter(
       args.deadline, &ring_scratch_);
 }
 
+void HierarchicalCommunicator::railAllReduce(const OpArgs& args, const void* in, void* out, size_t count, bool raw) {
+  ringAllReduce(
+      railRing(args, false), args.reduce, in, out, count, raw, true, messageTag(args), args.deadline, &ring_scratch_);
+}
+
 void HierarchicalCommunicator::wakeRail() {
   uint64_t one = 1;
   [[maybe_unused]] ssize_t w = ::write(wake_fd_, &one, sizeof(one));
@@ -526,11 +531,8 @@ void HierarchicalCommunicator::allReduce(const OpArgs& args) {
     node_->allReduce(args);
     return;
   }
-  const transport::MessageTag tag = messageTag(args);
   if (L == 1) {
-    ringAllReduce(
-        railRing(args, false), args.reduce, args.in, args.out, args.count, true, true, tag, args.deadline,
-        &ring_scratch_);
+    railAllReduce(args, args.in, args.out, args.count, true);
     return;
   }
   const size_t b = args.count * args.elemSize();
@@ -553,11 +555,7 @@ void HierarchicalCommunicator::allReduce(const OpArgs& args) {
       args, static_cast<const uint8_t*>(args.in), slices.begin(static_cast<size_t>(l)) * es,
       slices.size(static_cast<size_t>(l)), mine, true, false);
   // Rail stage: my slice, reduced over the nodes.
-  railStage([&] {
-    ringAllReduce(
-        railRing(args, false), args.reduce, mine, mine, slices.size(static_cast<size_t>(l)), false, true, tag,
-        args.deadline, &ring_scratch_);
-  });
+  railStage([&] { railAllReduce(args, mine, mine, slices.size(static_cast<size_t>(l)), false); });
   // Every rank has read the inputs (which may be the outputs) and finished
   // its slice: gather the slices.
   node_->round(args.deadline);
@@ -591,11 +589,7 @@ void HierarchicalCommunicator::allReduceStaged(const OpArgs& args) {
   }
   uint8_t* mine = arena_->slot(me, parity + 1) + begin;
   reduce(args.reduce, mine, srcs.data(), L, slices.size(static_cast<size_t>(me)), true, false);
-  railStage([&] {
-    ringAllReduce(
-        railRing(args, false), args.reduce, mine, mine, slices.size(static_cast<size_t>(me)), false, true,
-        messageTag(args), args.deadline, &ring_scratch_);
-  });
+  railStage([&] { railAllReduce(args, mine, mine, slices.size(static_cast<size_t>(me)), false); });
   node_->round(args.deadline);
   auto* out = static_cast<uint8_t*>(args.out);
   for (int k = 0; k < L; ++k) {

@@ -111,6 +111,8 @@ class HierarchicalCommunicator : public Communicator {
       bool with_wake,
       const std::function<void(uint64_t unit)>& on_landed = nullptr);
   void railReduceScatter(const OpArgs& args, const Contributions& contrib, bool raw, bool with_wake);
+  // AllReduce of `count` elements over my rail, finalized.
+  void railAllReduce(const OpArgs& args, const void* in, void* out, size_t count, bool raw);
   // Reserves the node partials (a block of `b` bytes per node) and
   // describes them as the rail's contributions.
   Contributions partialContributions(size_t b);
