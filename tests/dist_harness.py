@@ -189,6 +189,11 @@ class RankPool:
                 p.kill()
         for p in self._procs:
             p.join(timeout=10)
+        # The store's file outlives ranks that were killed.
+        try:
+            os.unlink(self._init_file)
+        except OSError:
+            pass
 
     def close(self, timeout: float = 30.0) -> None:
         self.begin_close()
@@ -212,10 +217,6 @@ class RankPool:
         for p in self._procs:
             p.join(timeout=max(0.1, deadline - time.monotonic()))
         self.kill()
-        try:
-            os.unlink(self._init_file)
-        except OSError:
-            pass
 
 
 def spawn_ranks(
