@@ -3,7 +3,8 @@
 Two kinds of mistakes, two contracts:
 
 - what the calling rank can see by itself (wrong output size, input/output
-  dtype mismatch, non-contiguous tensor, a reduce op not defined on the dtype)
+  dtype mismatch, an output whose elements share memory, a reduce op not
+  defined on the dtype)
   raises from the call itself, naming the op and the rank, and the group
   keeps working;
 - what only the group can see (ranks that disagree on size, dtype, reduce op,
@@ -86,7 +87,8 @@ def _local_error_calls(world: int) -> list[tuple[str, str, Callable[[], Any]]]:
         opts.reduceOp = op
         return opts
 
-    nc = torch.ones(6, 4).t()  # non-contiguous, 24 elements
+    # An expand()ed view: its elements share memory, no collective can write it.
+    shared = torch.zeros(1).expand(24)
     return [
         (
             "all_gather_into_tensor: output too small",
@@ -104,12 +106,12 @@ def _local_error_calls(world: int) -> list[tuple[str, str, Callable[[], Any]]]:
             lambda: dist.all_gather_into_tensor(torch.empty(2 * world, dtype=f64), torch.ones(2), async_op=True),
         ),
         (
-            "all_gather_into_tensor: non-contiguous output",
+            "all_gather_into_tensor: output shares memory",
             "allgather_into_tensor",
-            lambda: dist.all_gather_into_tensor(torch.empty(4 * world, 2).t()[0], torch.ones(4), async_op=True),
+            lambda: dist.all_gather_into_tensor(torch.zeros(1).expand(4 * world), torch.ones(4), async_op=True),
         ),
         (
-            "all_gather list: wrong element size",
+            "all_gather list: own output of the wrong size",
             "allgather",
             lambda: dist.all_gather([torch.empty(3) for _ in range(world)], torch.ones(2), async_op=True),
         ),
@@ -139,17 +141,22 @@ def _local_error_calls(world: int) -> list[tuple[str, str, Callable[[], Any]]]:
             ),
         ),
         (
-            "reduce_scatter_tensor: non-contiguous input",
+            "reduce_scatter_tensor: output shares memory",
             "reduce_scatter_tensor",
-            lambda: dist.reduce_scatter_tensor(torch.empty(2), torch.ones(2 * world, 2)[:, 0], async_op=True),
+            lambda: dist.reduce_scatter_tensor(torch.zeros(1).expand(2), torch.ones(2 * world), async_op=True),
         ),
         (
-            "reduce_scatter list: wrong element size",
+            "reduce_scatter list: output shares memory",
+            "reduce_scatter",
+            lambda: dist.reduce_scatter(torch.zeros(1).expand(2), [torch.ones(2)] * world, async_op=True),
+        ),
+        (
+            "reduce_scatter list: own input of the wrong size",
             "reduce_scatter",
             lambda: dist.reduce_scatter(torch.empty(2), [torch.ones(3) for _ in range(world)], async_op=True),
         ),
-        ("all_reduce: non-contiguous", "allreduce", lambda: dist.all_reduce(nc, async_op=True)),
-        ("broadcast: non-contiguous", "broadcast", lambda: dist.broadcast(nc, src=0, async_op=True)),
+        ("all_reduce: tensor shares memory", "allreduce", lambda: dist.all_reduce(shared, async_op=True)),
+        ("broadcast: tensor shares memory", "broadcast", lambda: dist.broadcast(shared, src=0, async_op=True)),
         (
             "broadcast: root outside the group",
             "broadcast",
@@ -199,9 +206,9 @@ def _local_error_calls(world: int) -> list[tuple[str, str, Callable[[], Any]]]:
             ),
         ),
         (
-            "all_reduce_coalesced: non-contiguous",
+            "all_reduce_coalesced: a tensor shares memory",
             "allreduce_coalesced",
-            lambda: dist.all_reduce_coalesced([torch.ones(3), nc], async_op=True),
+            lambda: dist.all_reduce_coalesced([torch.ones(3), shared], async_op=True),
         ),
     ]
 

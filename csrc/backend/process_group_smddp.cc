@@ -278,10 +278,6 @@ std::string ProcessGroupSMDDP::describe() const {
                        : str("fallback only, ", topology_->describe());
 }
 
-std::ostream& operator<<(std::ostream& os, const Where& w) {
-  return os << "ProcessGroupSMDDP::" << w.op << " (rank " << w.rank << " of " << w.size << "): ";
-}
-
 // ------------------------------------------------------------ plumbing
 
 c10::intrusive_ptr<::c10d::Backend> ProcessGroupSMDDP::fallbackFor(
@@ -322,15 +318,9 @@ bool ProcessGroupSMDDP::nativeReduce(at::ScalarType dtype, const ::c10d::ReduceO
 
 namespace {
 
-void checkDense(const Where& where, const at::Tensor& t, const char* what) {
-  TORCH_CHECK(t.defined(), where, what, " is undefined");
-  TORCH_CHECK(
-      t.layout() == at::kStrided,
-      where,
-      what,
-      " must be a dense tensor (got layout ",
-      t.layout(),
-      ")");
+// The CUDA path's kernels and copies take flat device buffers.
+void checkContiguous(const Where& where, const at::Tensor& t, const std::string& what) {
+  checkStrided(where, t, what);
   TORCH_CHECK(
       t.is_contiguous(),
       where,
@@ -539,12 +529,14 @@ c10::intrusive_ptr<::c10d::Work> ProcessGroupSMDDP::submit(
     const algorithm::OpArgs& args,
     std::vector<at::Tensor> inputs,
     std::vector<at::Tensor> outputs,
-    bool async_op) {
+    bool async_op,
+    HostLayout layout) {
   if (route == Route::kDevice) {
     CudaPath::Call call = cuda_->prepare(args.kind, args, inputs, outputs);
     return submitNative(op_type, name, outputs, inputs, async_op, 1, call.body, &call);
   }
-  return submitOnHost(op_type, name, {args}, std::move(inputs), std::move(outputs), async_op);
+  return submitOnHost(
+      op_type, name, {args}, std::move(inputs), std::move(outputs), async_op, std::move(layout));
 }
 
 c10::intrusive_ptr<::c10d::Work> ProcessGroupSMDDP::submitOnHost(
@@ -553,18 +545,23 @@ c10::intrusive_ptr<::c10d::Work> ProcessGroupSMDDP::submitOnHost(
     std::vector<algorithm::OpArgs> calls,
     std::vector<at::Tensor> inputs,
     std::vector<at::Tensor> outputs,
-    bool async_op) {
+    bool async_op,
+    HostLayout layout) {
   const size_t n = calls.size();
-  // The closure keeps the tensors (and so the pointers in calls) alive.
+  // The closure keeps the tensors and their flat copies (and so the pointers
+  // in calls) alive.
   return submitNative(
       op_type, name, outputs, inputs, async_op, n,
-      [this, calls = std::move(calls), inputs, outputs](uint64_t seq, const Deadline& deadline) {
+      [this, calls = std::move(calls), inputs, outputs, layout = std::move(layout)](
+          uint64_t seq, const Deadline& deadline) {
+        layout.copyIn();
         for (size_t i = 0; i < calls.size(); ++i) {
           algorithm::OpArgs a = calls[i];
           a.seq = seq + i;
           a.deadline = deadline;
           runOnHost(a);
         }
+        layout.copyOut();
       });
 }
 
@@ -602,13 +599,30 @@ algorithm::ReduceSpec moveSpec(DataType dtype) {
 
 } // namespace
 
-algorithm::OpArgs ProcessGroupSMDDP::allReduceArgs(
+at::Tensor ProcessGroupSMDDP::nativeBuffer(
+    Route route,
+    HostLayout& layout,
     const char* op,
     const at::Tensor& t,
-    const ::c10d::ReduceOp& rop) const {
-  checkDense(where(op), t, "tensor");
+    const std::string& what,
+    HostLayout::Access access) const {
+  if (route == Route::kDevice) {
+    checkContiguous(where(op), t, what);
+    return t;
+  }
+  return layout.buffer(where(op), t, what, access);
+}
+
+algorithm::OpArgs ProcessGroupSMDDP::allReduceArgs(
+    const char* op,
+    Route route,
+    HostLayout& layout,
+    const at::Tensor& t,
+    const ::c10d::ReduceOp& rop,
+    int64_t index) const {
+  at::Tensor buf = nativeBuffer(route, layout, op, t, nth("tensor", index), HostLayout::kReadWrite);
   return opArgs(
-      CollectiveKind::kAllReduce, makeReduceSpec(op, t.scalar_type(), rop), t.data_ptr(), t.data_ptr(),
+      CollectiveKind::kAllReduce, makeReduceSpec(op, t.scalar_type(), rop), buf.data_ptr(), buf.data_ptr(),
       static_cast<size_t>(t.numel()));
 }
 
@@ -618,8 +632,8 @@ void ProcessGroupSMDDP::checkBlocks(
     const at::Tensor& output,
     bool output_is_whole,
     int64_t index) const {
-  checkDense(where(op), input, "input");
-  checkDense(where(op), output, "output");
+  checkStrided(where(op), input, nth("input", index));
+  checkStrided(where(op), output, nth("output", index));
   checkSameDtype(where(op), input, output);
   const at::Tensor& whole = output_is_whole ? output : input;
   const at::Tensor& block = output_is_whole ? input : output;
@@ -639,24 +653,32 @@ void ProcessGroupSMDDP::checkBlocks(
 
 algorithm::OpArgs ProcessGroupSMDDP::allGatherArgs(
     const char* op,
+    Route route,
+    HostLayout& layout,
     const at::Tensor& input,
     const at::Tensor& output,
     int64_t index) const {
   checkBlocks(op, input, output, true, index);
+  at::Tensor in = nativeBuffer(route, layout, op, input, nth("input", index), HostLayout::kRead);
+  at::Tensor out = nativeBuffer(route, layout, op, output, nth("output", index), HostLayout::kWrite);
   MoveType m = moveType(input);
-  return opArgs(CollectiveKind::kAllGather, moveSpec(m.dtype), input.data_ptr(), output.data_ptr(), m.count);
+  return opArgs(CollectiveKind::kAllGather, moveSpec(m.dtype), in.data_ptr(), out.data_ptr(), m.count);
 }
 
 algorithm::OpArgs ProcessGroupSMDDP::reduceScatterArgs(
     const char* op,
+    Route route,
+    HostLayout& layout,
     const at::Tensor& input,
     const at::Tensor& output,
     const ::c10d::ReduceOp& rop,
     int64_t index) const {
   checkBlocks(op, input, output, false, index);
+  at::Tensor in = nativeBuffer(route, layout, op, input, nth("input", index), HostLayout::kRead);
+  at::Tensor out = nativeBuffer(route, layout, op, output, nth("output", index), HostLayout::kWrite);
   return opArgs(
-      CollectiveKind::kReduceScatter, makeReduceSpec(op, input.scalar_type(), rop), input.data_ptr(),
-      output.data_ptr(), static_cast<size_t>(output.numel()));
+      CollectiveKind::kReduceScatter, makeReduceSpec(op, input.scalar_type(), rop), in.data_ptr(),
+      out.data_ptr(), static_cast<size_t>(output.numel()));
 }
 
 // ------------------------------------------------------------ native ops
@@ -667,11 +689,14 @@ c10::intrusive_ptr<::c10d::Work> ProcessGroupSMDDP::allreduce(
   static const char* kOp = "allreduce";
   TORCH_CHECK(tensors.size() == 1, where(kOp), "takes exactly one tensor (got ", tensors.size(), ")");
   at::Tensor t = tensors[0];
-  const Route r = route(kOp, {t}, &opts.reduceOp);
+  // Sparse tensors (DDP's gradients of sparse embeddings): gloo sums them.
+  const Route r = t.defined() && t.is_sparse() ? Route::kFallback : route(kOp, {t}, &opts.reduceOp);
   if (r == Route::kFallback) {
     return fallbackFor(tensors, kOp)->allreduce(tensors, opts);
   }
-  return submit(r, OpType::ALLREDUCE, kOp, allReduceArgs(kOp, t, opts.reduceOp), {t}, {t}, opts.asyncOp);
+  HostLayout layout;
+  algorithm::OpArgs a = allReduceArgs(kOp, r, layout, t, opts.reduceOp);
+  return submit(r, OpType::ALLREDUCE, kOp, a, {t}, {t}, opts.asyncOp, std::move(layout));
 }
 
 c10::intrusive_ptr<::c10d::Work> ProcessGroupSMDDP::allreduce_coalesced(
@@ -684,11 +709,13 @@ c10::intrusive_ptr<::c10d::Work> ProcessGroupSMDDP::allreduce_coalesced(
   if (route(kOp, tensors, &opts.reduceOp) != Route::kHost) {
     return fallbackFor(tensors, kOp)->allreduce_coalesced(tensors, opts);
   }
+  HostLayout layout;
   std::vector<algorithm::OpArgs> calls;
-  for (const auto& t : tensors) {
-    calls.push_back(allReduceArgs(kOp, t, opts.reduceOp));
+  for (size_t i = 0; i < tensors.size(); ++i) {
+    calls.push_back(allReduceArgs(kOp, Route::kHost, layout, tensors[i], opts.reduceOp, static_cast<int64_t>(i)));
   }
-  return submitOnHost(OpType::ALLREDUCE_COALESCED, kOp, std::move(calls), tensors, tensors, opts.asyncOp);
+  return submitOnHost(
+      OpType::ALLREDUCE_COALESCED, kOp, std::move(calls), tensors, tensors, opts.asyncOp, std::move(layout));
 }
 
 c10::intrusive_ptr<::c10d::Work> ProcessGroupSMDDP::broadcast(
@@ -710,11 +737,15 @@ c10::intrusive_ptr<::c10d::Work> ProcessGroupSMDDP::broadcast(
   if (r == Route::kFallback) {
     return fallbackFor(tensors, kOp)->broadcast(tensors, opts);
   }
-  checkDense(where(kOp), t, "tensor");
+  HostLayout layout;
+  // Only the root's values are read.
+  at::Tensor buf = nativeBuffer(
+      r, layout, kOp, t, "tensor", rank_ == opts.rootRank ? HostLayout::kReadWrite : HostLayout::kWrite);
   MoveType m = moveType(t);
-  algorithm::OpArgs a = opArgs(CollectiveKind::kBroadcast, moveSpec(m.dtype), t.data_ptr(), t.data_ptr(), m.count);
+  algorithm::OpArgs a =
+      opArgs(CollectiveKind::kBroadcast, moveSpec(m.dtype), buf.data_ptr(), buf.data_ptr(), m.count);
   a.root = static_cast<int>(opts.rootRank);
-  return submit(r, OpType::BROADCAST, kOp, a, {t}, {t}, opts.asyncOp);
+  return submit(r, OpType::BROADCAST, kOp, a, {t}, {t}, opts.asyncOp, std::move(layout));
 }
 
 c10::intrusive_ptr<::c10d::Work> ProcessGroupSMDDP::_allgather_base(
@@ -726,8 +757,9 @@ c10::intrusive_ptr<::c10d::Work> ProcessGroupSMDDP::_allgather_base(
   if (r == Route::kFallback) {
     return fallbackFor({input}, kOp)->_allgather_base(output, input, opts);
   }
-  return submit(
-      r, OpType::_ALLGATHER_BASE, kOp, allGatherArgs(kOp, input, output), {input}, {output}, opts.asyncOp);
+  HostLayout layout;
+  algorithm::OpArgs a = allGatherArgs(kOp, r, layout, input, output);
+  return submit(r, OpType::_ALLGATHER_BASE, kOp, a, {input}, {output}, opts.asyncOp, std::move(layout));
 }
 
 c10::intrusive_ptr<::c10d::Work> ProcessGroupSMDDP::allgather_into_tensor_coalesced(
@@ -751,12 +783,14 @@ c10::intrusive_ptr<::c10d::Work> ProcessGroupSMDDP::allgather_into_tensor_coales
   if (route(kOp, all, nullptr) != Route::kHost) {
     return fallbackFor(inputs, kOp)->allgather_into_tensor_coalesced(outputs, inputs, opts);
   }
+  HostLayout layout;
   std::vector<algorithm::OpArgs> calls;
   for (size_t i = 0; i < inputs.size(); ++i) {
-    calls.push_back(allGatherArgs(kOp, inputs[i], outputs[i], static_cast<int64_t>(i)));
+    calls.push_back(allGatherArgs(kOp, Route::kHost, layout, inputs[i], outputs[i], static_cast<int64_t>(i)));
   }
   return submitOnHost(
-      compat::opAllgatherIntoTensorCoalesced(), kOp, std::move(calls), inputs, outputs, opts.asyncOp);
+      compat::opAllgatherIntoTensorCoalesced(), kOp, std::move(calls), inputs, outputs, opts.asyncOp,
+      std::move(layout));
 }
 
 c10::intrusive_ptr<::c10d::Work> ProcessGroupSMDDP::allgather(
@@ -777,24 +811,39 @@ c10::intrusive_ptr<::c10d::Work> ProcessGroupSMDDP::allgather(
   if (route(kOp, all, nullptr) != Route::kHost) {
     return fallbackFor(inputs, kOp)->allgather(outputs, inputs, opts);
   }
-  checkDense(where(kOp), in, "input");
-  for (const auto& o : outputs[0]) {
+  checkStrided(where(kOp), in, "input");
+  // Output k takes rank k's input, whose size may differ from rank to rank
+  // (as nccl allows): every rank pads its input to the largest.
+  int64_t block = 0;
+  for (size_t k = 0; k < outputs[0].size(); ++k) {
+    const at::Tensor& o = outputs[0][k];
+    checkStrided(where(kOp), o, nth("output", static_cast<int64_t>(k)));
+    checkWritable(where(kOp), o, nth("output", static_cast<int64_t>(k)));
     checkSameDtype(where(kOp), in, o);
-    TORCH_CHECK(
-        o.numel() == in.numel(),
-        where(kOp),
-        "every output must have the input's ",
-        in.numel(),
-        " elements (got ",
-        o.numel(),
-        ")");
+    block = std::max(block, o.numel());
   }
+  const at::Tensor& mine = outputs[0][static_cast<size_t>(rank_)];
+  TORCH_CHECK(
+      mine.numel() == in.numel(),
+      where(kOp),
+      "output ",
+      rank_,
+      " (this rank's) must have the input's ",
+      in.numel(),
+      " elements (got ",
+      mine.numel(),
+      ")");
   std::vector<at::Tensor> outs = outputs[0];
   return submitNative(
       OpType::ALLGATHER, kOp, outs, std::vector<at::Tensor>{in}, opts.asyncOp, 1,
-      [this, in, outs](uint64_t seq, const Deadline& deadline) {
-        at::Tensor src = in.contiguous();
-        at::Tensor flat = at::empty({static_cast<int64_t>(outs.size()) * src.numel()}, src.options());
+      [this, in, outs, block](uint64_t seq, const Deadline& deadline) {
+        at::Tensor src = in.contiguous().view({-1});
+        if (src.numel() != block) {
+          at::Tensor padded = at::empty({block}, src.options());
+          padded.narrow(0, 0, src.numel()).copy_(src);
+          src = padded;
+        }
+        at::Tensor flat = at::empty({static_cast<int64_t>(outs.size()) * block}, src.options());
         MoveType m = moveType(src);
         algorithm::OpArgs a =
             opArgs(CollectiveKind::kAllGather, moveSpec(m.dtype), src.data_ptr(), flat.data_ptr(), m.count);
@@ -802,7 +851,7 @@ c10::intrusive_ptr<::c10d::Work> ProcessGroupSMDDP::allgather(
         a.deadline = deadline;
         communicator_->allGather(a);
         for (size_t r = 0; r < outs.size(); ++r) {
-          outs[r].copy_(flat.narrow(0, static_cast<int64_t>(r) * src.numel(), src.numel()).view(outs[r].sizes()));
+          outs[r].copy_(flat.narrow(0, static_cast<int64_t>(r) * block, outs[r].numel()).view(outs[r].sizes()));
         }
       });
 }
@@ -828,6 +877,8 @@ c10::intrusive_ptr<::c10d::Work> ProcessGroupSMDDP::allgather_coalesced(
         inputs.size(),
         " tensors");
     for (size_t i = 0; i < list.size(); ++i) {
+      checkStrided(where(kOp), list[i], nth("output", static_cast<int64_t>(i)));
+      checkWritable(where(kOp), list[i], nth("output", static_cast<int64_t>(i)));
       checkSameDtype(where(kOp), inputs[i], list[i]);
       TORCH_CHECK(list[i].numel() == inputs[i].numel(), where(kOp), "output ", i, " has the wrong size");
     }
@@ -869,9 +920,10 @@ c10::intrusive_ptr<::c10d::Work> ProcessGroupSMDDP::_reduce_scatter_base(
   if (r == Route::kFallback) {
     return fallbackFor({input}, kOp)->_reduce_scatter_base(output, input, opts);
   }
+  HostLayout layout;
+  algorithm::OpArgs a = reduceScatterArgs(kOp, r, layout, input, output, opts.reduceOp);
   return submit(
-      r, OpType::_REDUCE_SCATTER_BASE, kOp, reduceScatterArgs(kOp, input, output, opts.reduceOp), {input},
-      {output}, opts.asyncOp);
+      r, OpType::_REDUCE_SCATTER_BASE, kOp, a, {input}, {output}, opts.asyncOp, std::move(layout));
 }
 
 c10::intrusive_ptr<::c10d::Work> ProcessGroupSMDDP::reduce_scatter_tensor_coalesced(
@@ -895,12 +947,15 @@ c10::intrusive_ptr<::c10d::Work> ProcessGroupSMDDP::reduce_scatter_tensor_coales
   if (route(kOp, all, &opts.reduceOp) != Route::kHost) {
     return fallbackFor(inputs, kOp)->reduce_scatter_tensor_coalesced(outputs, inputs, opts);
   }
+  HostLayout layout;
   std::vector<algorithm::OpArgs> calls;
   for (size_t i = 0; i < inputs.size(); ++i) {
-    calls.push_back(reduceScatterArgs(kOp, inputs[i], outputs[i], opts.reduceOp, static_cast<int64_t>(i)));
+    calls.push_back(reduceScatterArgs(
+        kOp, Route::kHost, layout, inputs[i], outputs[i], opts.reduceOp, static_cast<int64_t>(i)));
   }
   return submitOnHost(
-      compat::opReduceScatterTensorCoalesced(), kOp, std::move(calls), inputs, outputs, opts.asyncOp);
+      compat::opReduceScatterTensorCoalesced(), kOp, std::move(calls), inputs, outputs, opts.asyncOp,
+      std::move(layout));
 }
 
 c10::intrusive_ptr<::c10d::Work> ProcessGroupSMDDP::reduce_scatter(
@@ -921,33 +976,58 @@ c10::intrusive_ptr<::c10d::Work> ProcessGroupSMDDP::reduce_scatter(
   if (route(kOp, all, &opts.reduceOp) != Route::kHost) {
     return fallbackFor(outputs, kOp)->reduce_scatter(outputs, inputs, opts);
   }
-  checkDense(where(kOp), out, "output");
-  for (const auto& t : inputs[0]) {
+  checkStrided(where(kOp), out, "output");
+  checkWritable(where(kOp), out, "output");
+  // Input k is this rank's part of rank k's output, whose size may differ
+  // from rank to rank (as gloo allows): every block is padded to the
+  // largest.
+  int64_t block = 0;
+  for (size_t k = 0; k < inputs[0].size(); ++k) {
+    const at::Tensor& t = inputs[0][k];
+    checkStrided(where(kOp), t, nth("input", static_cast<int64_t>(k)));
     checkSameDtype(where(kOp), t, out);
-    TORCH_CHECK(
-        t.numel() == out.numel(),
-        where(kOp),
-        "every input must have the output's ",
-        out.numel(),
-        " elements (got ",
-        t.numel(),
-        ")");
+    block = std::max(block, t.numel());
   }
+  const at::Tensor& mine = inputs[0][static_cast<size_t>(rank_)];
+  TORCH_CHECK(
+      mine.numel() == out.numel(),
+      where(kOp),
+      "input ",
+      rank_,
+      " (this rank's) must have the output's ",
+      out.numel(),
+      " elements (got ",
+      mine.numel(),
+      ")");
   algorithm::ReduceSpec spec = makeReduceSpec(kOp, out.scalar_type(), opts.reduceOp);
   std::vector<at::Tensor> ins = inputs[0];
   return submitNative(
       OpType::REDUCE_SCATTER, kOp, {out}, ins, opts.asyncOp, 1,
-      [this, out, ins, spec](uint64_t seq, const Deadline& deadline) {
-        std::vector<at::Tensor> flat_parts;
-        for (const auto& t : ins) {
-          flat_parts.push_back(t.reshape({-1}));
+      [this, out, ins, spec, block](uint64_t seq, const Deadline& deadline) {
+        at::Tensor flat;
+        if (std::all_of(ins.begin(), ins.end(), [&](const at::Tensor& t) { return t.numel() == block; })) {
+          std::vector<at::Tensor> parts;
+          for (const auto& t : ins) {
+            parts.push_back(t.reshape({-1}));
+          }
+          flat = at::cat(parts);
+        } else {
+          // The padding is reduced too, and dropped.
+          flat = at::zeros({static_cast<int64_t>(ins.size()) * block}, out.options());
+          for (size_t k = 0; k < ins.size(); ++k) {
+            flat.narrow(0, static_cast<int64_t>(k) * block, ins[k].numel()).copy_(ins[k].reshape({-1}));
+          }
         }
-        at::Tensor flat = at::cat(flat_parts);
+        const bool direct = out.is_contiguous() && out.numel() == block;
+        at::Tensor res = direct ? out : at::empty({block}, out.options());
         algorithm::OpArgs a = opArgs(
-            CollectiveKind::kReduceScatter, spec, flat.data_ptr(), out.data_ptr(), static_cast<size_t>(out.numel()));
+            CollectiveKind::kReduceScatter, spec, flat.data_ptr(), res.data_ptr(), static_cast<size_t>(block));
         a.seq = seq;
         a.deadline = deadline;
         communicator_->reduceScatter(a);
+        if (!direct) {
+          out.copy_(res.narrow(0, 0, out.numel()).view(out.sizes()));
+        }
       });
 }
 

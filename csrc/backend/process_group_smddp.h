@@ -33,21 +33,13 @@
 #include "algorithm/communicator.h"
 #include "backend/cuda_path.h"
 #include "backend/executor.h"
+#include "backend/host_layout.h"
 #include "backend/torch_compat.h"
 #include "backend/work_smddp.h"
 #include "common/config.h"
 #include "topology/topology.h"
 
 namespace smddp {
-
-// "ProcessGroupSMDDP::allreduce (rank 0 of 4): ", formatted only when an
-// error message is built: the checks of every call pass one around.
-struct Where {
-  const char* op;
-  int rank;
-  int size;
-};
-std::ostream& operator<<(std::ostream& os, const Where& w);
 
 class ProcessGroupSMDDP : public ::c10d::Backend {
  public:
@@ -174,16 +166,19 @@ class ProcessGroupSMDDP : public ::c10d::Backend {
       const algorithm::OpArgs& args,
       std::vector<at::Tensor> inputs,
       std::vector<at::Tensor> outputs,
-      bool async_op);
+      bool async_op,
+      HostLayout layout = {});
   // Runs `calls` one after the other on host memory as one Work (the
-  // coalesced forms); each takes its own sequence number.
+  // coalesced forms); each takes its own sequence number. `layout` holds
+  // the flat copies of the tensors that are not contiguous.
   Ptr<Work> submitOnHost(
       ::c10d::OpType op_type,
       const char* name,
       std::vector<algorithm::OpArgs> calls,
       std::vector<at::Tensor> inputs,
       std::vector<at::Tensor> outputs,
-      bool async_op);
+      bool async_op,
+      HostLayout layout = {});
   void runOnHost(const algorithm::OpArgs& args);
   // Runs `body` as the native collective `label` (e.g. "allreduce"); takes
   // `nseq` sequence numbers (the first is passed to body).
@@ -208,7 +203,7 @@ class ProcessGroupSMDDP : public ::c10d::Backend {
       const char* op,
       at::ScalarType dtype,
       const ::c10d::ReduceOp& rop) const;
-  // Dense tensors of one dtype, the whole one `size_` blocks of the other
+  // Strided tensors of one dtype, the whole one `size_` blocks of the other
   // (AllGather's output, ReduceScatter's input).
   void checkBlocks(
       const char* op,
@@ -216,12 +211,35 @@ class ProcessGroupSMDDP : public ::c10d::Backend {
       const at::Tensor& output,
       bool output_is_whole,
       int64_t index) const;
+  // The buffer through which a native call on `route` reads or writes `t`:
+  // on the GPU `t` itself, which must be contiguous; on the host `t` or its
+  // flat copy in `layout`.
+  at::Tensor nativeBuffer(
+      Route route,
+      HostLayout& layout,
+      const char* op,
+      const at::Tensor& t,
+      const std::string& what,
+      HostLayout::Access access) const;
   // One call's arguments, checked (shared by the single and coalesced forms).
-  algorithm::OpArgs allReduceArgs(const char* op, const at::Tensor& t, const ::c10d::ReduceOp& rop) const;
+  algorithm::OpArgs allReduceArgs(
+      const char* op,
+      Route route,
+      HostLayout& layout,
+      const at::Tensor& t,
+      const ::c10d::ReduceOp& rop,
+      int64_t index = -1) const;
   algorithm::OpArgs allGatherArgs(
-      const char* op, const at::Tensor& input, const at::Tensor& output, int64_t index = -1) const;
+      const char* op,
+      Route route,
+      HostLayout& layout,
+      const at::Tensor& input,
+      const at::Tensor& output,
+      int64_t index = -1) const;
   algorithm::OpArgs reduceScatterArgs(
       const char* op,
+      Route route,
+      HostLayout& layout,
       const at::Tensor& input,
       const at::Tensor& output,
       const ::c10d::ReduceOp& rop,

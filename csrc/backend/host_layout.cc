@@ -1,0 +1,63 @@
+#include "backend/host_layout.h"
+
+#include <ATen/MemoryOverlap.h>
+
+namespace smddp {
+
+std::ostream& operator<<(std::ostream& os, const Where& w) {
+  return os << "ProcessGroupSMDDP::" << w.op << " (rank " << w.rank << " of " << w.size << "): ";
+}
+
+void checkStrided(const Where& where, const at::Tensor& t, const std::string& what) {
+  TORCH_CHECK(t.defined(), where, what, " is undefined");
+  TORCH_CHECK(
+      t.layout() == at::kStrided,
+      where,
+      what,
+      " must be a dense tensor (got layout ",
+      t.layout(),
+      "); call .to_dense() on it first");
+}
+
+void checkWritable(const Where& where, const at::Tensor& t, const std::string& what) {
+  TORCH_CHECK(
+      at::has_internal_overlap(t) != at::MemOverlap::Yes,
+      where,
+      what,
+      " has elements that share memory (sizes ",
+      t.sizes(),
+      ", strides ",
+      t.strides(),
+      ", an expand()ed view?) and cannot be written; pass a tensor of its own, e.g. .clone()");
+}
+
+at::Tensor HostLayout::buffer(const Where& where, const at::Tensor& t, const std::string& what, Access access) {
+  checkStrided(where, t, what);
+  if (t.is_contiguous()) {
+    return t;
+  }
+  if (access & kWrite) {
+    checkWritable(where, t, what);
+  }
+  at::Tensor flat = at::empty(t.sizes(), t.options().memory_format(at::MemoryFormat::Contiguous));
+  staged_.push_back(Staged{t, flat, (access & kRead) != 0, (access & kWrite) != 0});
+  return flat;
+}
+
+void HostLayout::copyIn() const {
+  for (const auto& s : staged_) {
+    if (s.copy_in) {
+      s.flat.copy_(s.user);
+    }
+  }
+}
+
+void HostLayout::copyOut() const {
+  for (const auto& s : staged_) {
+    if (s.copy_out) {
+      s.user.copy_(s.flat);
+    }
+  }
+}
+
+} // namespace smddp
