@@ -329,3 +329,74 @@ def test_future_carries_the_error(pools) -> None:
             assert r[name] is not None, f"rank {rank}: the {name} of a failed all_reduce completed normally"
             assert "disagree" in r[name], f"rank {rank}: {name}: {r[name][:300]}"
         assert r["world_ok"], f"rank {rank}: the default group broke"
+
+
+def case_collectives_inside_callbacks() -> list[str]:
+    """A future's callback issues collectives and waits for them, as DDP's
+    PowerSGD hook does: the callback runs on the thread that completed the
+    future, and must not keep the next collective from running."""
+    _setup()
+    rank, world = dist.get_rank(), dist.get_world_size()
+    failures = []
+
+    def then_all_reduce(f: Any) -> torch.Tensor:
+        # PowerSGD: all_reduce(...).get_future().wait() inside a callback.
+        inner = torch.full_like(f.value()[0], float(rank + 1))
+        got = dist.all_reduce(inner, async_op=True).get_future().wait()[0]
+        return f.value()[0] + got
+
+    def two_deep(f: Any) -> torch.Tensor:
+        inner = torch.full((3,), 1.0)
+        nested = dist.all_reduce(inner, async_op=True).get_future().then(then_all_reduce)
+        return nested.wait() + f.value()[0]
+
+    t = torch.ones(4)
+    got = dist.all_reduce(t, async_op=True).get_future().then(then_all_reduce).wait()
+    want = world + world * (world + 1) / 2
+    if got.tolist() != [want] * 4:
+        failures.append(f"a callback that waits for an all_reduce: {got.tolist()}, want {[want] * 4}")
+
+    t = torch.ones(3)
+    got = dist.all_reduce(t, async_op=True).get_future().then(two_deep).wait()
+    want = world + world * (world + 1) / 2 + world
+    if got.tolist() != [want] * 3:
+        failures.append(f"callbacks two deep: {got.tolist()}, want {[want] * 3}")
+
+    # A callback that waits (through its Work) for a collective issued after
+    # its own and queued behind it. The last rank comes late, so that on the
+    # others the callback runs when the first collective completes.
+    a, b = torch.ones(2), torch.full((2,), 2.0)
+    if rank == world - 1:
+        time.sleep(DELAY / 4)
+    first = dist.all_reduce(a, async_op=True).get_future()
+    second = dist.all_reduce(b, async_op=True)
+    chained = first.then(lambda f: (second.wait(), f.value()[0])[1])
+    chained.wait()
+    if a.tolist() != [float(world)] * 2 or b.tolist() != [2.0 * world] * 2:
+        failures.append(f"a callback waiting for a later work: {a.tolist()}, {b.tolist()}")
+
+    # Collectives issued and waited for synchronously inside a callback.
+    def sync_inside(f: Any) -> torch.Tensor:
+        x = torch.ones(5)
+        dist.all_reduce(x)
+        dist.barrier()
+        return f.value()[0] + x
+
+    got = dist.all_reduce(torch.ones(5), async_op=True).get_future().then(sync_inside).wait()
+    if got.tolist() != [2.0 * world] * 5:
+        failures.append(f"synchronous collectives inside a callback: {got.tolist()}")
+
+    # And the group still orders what follows.
+    c = torch.ones(6) * rank
+    dist.all_reduce(c)
+    if c.tolist() != [world * (world - 1) / 2] * 6:
+        failures.append(f"after the callbacks: {c.tolist()}")
+    return failures
+
+
+@pytest.mark.timeout(60, func_only=True)
+@pytest.mark.parametrize("world", [2, 3])
+def test_collectives_inside_callbacks(pools, world: int) -> None:
+    results = pools(world).run(case_collectives_inside_callbacks, timeout=40)
+    failures = [f"rank {r}: {f}" for r, fs in enumerate(results) for f in fs]
+    assert not failures, "\n".join(failures)

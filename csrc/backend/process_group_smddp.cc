@@ -365,9 +365,11 @@ c10::intrusive_ptr<::c10d::Work> ProcessGroupSMDDP::submitNative(
     size_t nseq,
     std::function<void(uint64_t, const Deadline&)> body,
     const CudaPath::Call* device_hooks) {
-  const uint64_t seq = next_seq_.fetch_add(nseq);
+  // The executor numbers works when they start; a work issued from a future
+  // callback may start before ones issued earlier (executor.h).
+  const uint64_t issued = next_seq_.fetch_add(nseq);
   if (broken_.load()) {
-    const std::string label = str(name, " #", seq);
+    const std::string label = str(name, " #", issued);
     std::lock_guard<std::mutex> lock(mu_);
     std::string first;
     try {
@@ -390,10 +392,10 @@ c10::intrusive_ptr<::c10d::Work> ProcessGroupSMDDP::submitNative(
   auto work = c10::make_intrusive<WorkSMDDP>(
       rank_,
       op_type,
-      seq,
+      nseq,
       name,
       outputs,
-      [this, seq, name, timeout, body = std::move(body)]() {
+      [this, name, timeout, body = std::move(body)](uint64_t seq) {
         try {
           body(seq, Deadline::after(timeout));
         } catch (...) {

@@ -257,7 +257,7 @@ class ProcessGroupSMDDP : public ::c10d::Backend {
   std::unique_ptr<CudaPath> cuda_;
   std::shared_ptr<Executor> executor_;
   std::atomic<int64_t> timeout_ms_;
-  std::atomic<uint64_t> next_seq_{0};
+  std::atomic<uint64_t> next_seq_{0};  // how many sequence numbers were issued
 
   mutable std::mutex mu_;
   std::unordered_map<int, Ptr<::c10d::Backend>> fallbacks_;

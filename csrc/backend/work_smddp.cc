@@ -26,16 +26,16 @@ c10::intrusive_ptr<c10::ivalue::Future> makeFuture(const std::vector<at::Tensor>
 WorkSMDDP::WorkSMDDP(
     int rank,
     ::c10d::OpType op_type,
-    uint64_t seq,
+    uint64_t nseq,
     const char* name,
     std::vector<at::Tensor> outputs,
-    std::function<void()> body,
+    std::function<void(uint64_t)> body,
     std::shared_ptr<Executor> executor,
     std::chrono::milliseconds timeout,
     const char* profiling_title,
     const std::optional<std::vector<at::Tensor>>& inputs)
     : ::c10d::Work(rank, op_type, profiling_title, inputs),
-      seq_(seq),
+      nseq_(nseq),
       name_(name),
       outputs_(std::move(outputs)),
       body_(std::move(body)),
@@ -43,7 +43,8 @@ WorkSMDDP::WorkSMDDP(
       timeout_(timeout) {}
 
 std::string WorkSMDDP::label() const {
-  return str(name_, " #", seq_);
+  const uint64_t s = seq_.load(std::memory_order_acquire);
+  return s == kNotStarted ? str(name_, " (not started)") : str(name_, " #", s);
 }
 
 WorkSMDDP::~WorkSMDDP() = default;
@@ -86,22 +87,32 @@ std::chrono::milliseconds WorkSMDDP::getTimeout() const {
 }
 
 c10::intrusive_ptr<c10::ivalue::Future> WorkSMDDP::getFuture() {
-  std::lock_guard<std::mutex> lock(future_mu_);
-  if (!future_) {
-    future_ = makeFuture(outputs_);
-    if (future_done_) {
-      markFuture();
+  c10::intrusive_ptr<c10::ivalue::Future> born_done;
+  c10::intrusive_ptr<c10::ivalue::Future> future;
+  {
+    std::lock_guard<std::mutex> lock(future_mu_);
+    if (!future_) {
+      future_ = makeFuture(outputs_);
+      if (future_done_) {
+        born_done = future_;
+      }
     }
+    future = future_;
   }
-  return future_;
+  if (born_done) {
+    markFuture(born_done);
+  }
+  return future;
 }
 
-void WorkSMDDP::markFuture() {
+void WorkSMDDP::markFuture(const c10::intrusive_ptr<c10::ivalue::Future>& future) {
+  // Outside future_mu_: the callbacks may call anything, this work's
+  // getFuture() included.
   auto mark = [&] {
     if (future_error_) {
-      future_->setError(future_error_);
+      future->setError(future_error_);
     } else {
-      future_->markCompleted(c10::IValue(outputs_));
+      future->markCompleted(c10::IValue(outputs_));
     }
   };
   if (context_) {
@@ -111,41 +122,43 @@ void WorkSMDDP::markFuture() {
   }
 }
 
-void WorkSMDDP::run() {
-  std::exception_ptr error;
+void WorkSMDDP::runBody(uint64_t first) {
+  seq_.store(first, std::memory_order_release);
   try {
-    body_();
+    body_(first);
   } catch (...) {
-    error = std::current_exception();
+    error_ = std::current_exception();
   }
   // Drop the closure (and the tensors it holds) before waking anyone.
   body_ = nullptr;
-  complete(error);
 }
 
 void WorkSMDDP::fail(std::exception_ptr error) {
   body_ = nullptr;
-  complete(error);
+  error_ = error;
+  complete();
 }
 
-void WorkSMDDP::complete(std::exception_ptr error) {
+void WorkSMDDP::complete() {
+  c10::intrusive_ptr<c10::ivalue::Future> future;
   {
     std::lock_guard<std::mutex> lock(future_mu_);
     future_done_ = true;
-    future_error_ = error;
-    if (future_) {
-      markFuture();
-    }
+    future_error_ = error_;
+    future = future_;
+  }
+  if (future) {
+    markFuture(future);
   }
   done_.store(true, std::memory_order_release);
-  finish(error);
+  finish(error_);
 }
 
 std::unique_lock<std::mutex> WorkSMDDP::waitHost() {
   // Runs the work here if it is next: only for unbounded waits, since that
   // would block past a caller's timeout.
   if (!done_.load(std::memory_order_acquire) && executor_) {
-    executor_->runIfNext(this);
+    executor_->prepareWait(this, true);
   }
   std::unique_lock<std::mutex> lock(mutex_);
   cv_.wait(lock, [&] { return completed_; });
@@ -153,6 +166,9 @@ std::unique_lock<std::mutex> WorkSMDDP::waitHost() {
 }
 
 bool WorkSMDDP::wait(std::chrono::milliseconds timeout) {
+  if (timeout != kNoTimeout && !done_.load(std::memory_order_acquire) && executor_) {
+    executor_->prepareWait(this, false);
+  }
   std::unique_lock<std::mutex> lock = timeout == kNoTimeout ? waitHost() : std::unique_lock<std::mutex>(mutex_);
   if (timeout != kNoTimeout && !cv_.wait_for(lock, timeout, [&] { return completed_; })) {
     TORCH_CHECK_WITH(

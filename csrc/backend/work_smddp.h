@@ -1,11 +1,12 @@
 // The Work of a natively executed collective.
 //
 // Lifecycle: created by a collective call with its body (a closure that owns
-// the tensors), submitted to the group's Executor, run once (on the
-// executor's thread or on a thread that waits for it), then completed with
-// success or an exception. Completion marks the future, if one was asked for
-// (DDP's comm hooks chain on it), and then wakes wait(); a future asked for
-// later is born completed.
+// the tensors), submitted to the group's Executor, run once (on an
+// executor's thread or on a thread that waits for it) with the sequence
+// number the executor gives it when it starts, then completed with success
+// or an exception. Completion marks the future, if one was asked for (DDP's
+// comm hooks chain on it), and then wakes wait(); a future asked for later
+// is born completed.
 //
 // wait(timeout) first offers to run the work on the calling thread when it is
 // next in line and nothing else runs (a synchronous call then costs no thread
@@ -34,10 +35,10 @@ class WorkSMDDP : public ::c10d::Work {
   WorkSMDDP(
       int rank,
       ::c10d::OpType op_type,
-      uint64_t seq,
+      uint64_t nseq,
       const char* name,
       std::vector<at::Tensor> outputs,
-      std::function<void()> body,
+      std::function<void(uint64_t first_seq)> body,
       std::shared_ptr<Executor> executor,
       std::chrono::milliseconds timeout,
       const char* profiling_title = nullptr,
@@ -50,13 +51,20 @@ class WorkSMDDP : public ::c10d::Work {
   void synchronize() override;
   c10::intrusive_ptr<c10::ivalue::Future> getFuture() override;
   uint64_t getSequencenumber() const override {
-    return seq_;
+    const uint64_t s = seq_.load(std::memory_order_acquire);
+    return s == kNotStarted ? 0 : s;
   }
   std::chrono::milliseconds getTimeout() const;
 
-  // Executor side: runs the body once and completes the work. The body's
-  // exception (already translated by the group) becomes the work's.
-  void run();
+  // Executor side: runs the body once, with sequence numbers from `first`
+  // (the work takes nseq() of them); then complete() marks the future (its
+  // callbacks run here) and wakes wait(). The body's exception (already
+  // translated by the group) becomes the work's.
+  uint64_t nseq() const {
+    return nseq_;
+  }
+  void runBody(uint64_t first);
+  void complete();
   // Completes the work without running it.
   void fail(std::exception_ptr error);
 
@@ -73,15 +81,23 @@ class WorkSMDDP : public ::c10d::Work {
   std::string label() const;
 
  private:
+  friend class Executor;
+  static constexpr uint64_t kNotStarted = ~uint64_t{0};
+
   // Blocks until the host part has completed; returns holding mutex_.
   std::unique_lock<std::mutex> waitHost();
-  void complete(std::exception_ptr error);
-  void markFuture();
+  void markFuture(const c10::intrusive_ptr<c10::ivalue::Future>& future);
 
-  const uint64_t seq_;
+  const uint64_t nseq_;
+  std::atomic<uint64_t> seq_{kNotStarted};
+  std::exception_ptr error_;  // the body's, until complete()
+  // Guarded by the executor's mutex: the body has run; how many waits
+  // from future callbacks it holds up (executor.h).
+  bool body_done_ = false;
+  int awaited_by_callbacks_ = 0;
   const char* const name_;
   std::vector<at::Tensor> outputs_;
-  std::function<void()> body_;
+  std::function<void(uint64_t)> body_;
   std::shared_ptr<Executor> executor_;
   std::chrono::milliseconds timeout_;
   // Made on the first getFuture() (most calls never ask for it).
