@@ -207,6 +207,8 @@ def parallelize(
     reduce_dtype = DTYPES[args.reduce_dtype]
     if args.reduce_divide_factor and args.strategy not in ("fsdp2", "hsdp"):
         raise ValueError("--reduce-divide-factor needs --strategy fsdp2 or hsdp")
+    if args.ddp_powersgd_rank and (args.strategy != "ddp" or reduce_dtype != torch.float32):
+        raise ValueError("--ddp-powersgd-rank needs --strategy ddp and --reduce-dtype fp32")
 
     if args.strategy == "ddp":
         from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
@@ -219,6 +221,17 @@ def parallelize(
         )
         if reduce_dtype == torch.bfloat16:
             ddp.register_comm_hook(None, default_hooks.bf16_compress_hook)
+        if args.ddp_powersgd_rank:
+            from torch.distributed.algorithms.ddp_comm_hooks import powerSGD_hook
+
+            # Its callbacks issue all-reduces and wait for them.
+            state = powerSGD_hook.PowerSGDState(
+                process_group=None,
+                matrix_approximation_rank=args.ddp_powersgd_rank,
+                start_powerSGD_iter=2,
+                min_compression_rate=0.5,
+            )
+            ddp.register_comm_hook(state, powerSGD_hook.powerSGD_hook)
         return ddp, None
 
     if args.strategy in ("fsdp2", "hsdp"):
@@ -458,6 +471,9 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--ddp-bucket-mb", type=float, default=25.0,
                    help="ddp: gradient bucket size in MiB (each bucket is one all-reduce, "
                    "launched as soon as its gradients are ready)")
+    g.add_argument("--ddp-powersgd-rank", type=int, default=0,
+                   help="ddp: compress gradients with PowerSGD of this rank from the third "
+                   "step (0: off)")
     g.add_argument("--replicate-size", type=int, default=0,
                    help="hsdp and HYBRID_SHARD: size of the replicate dimension (0: the number "
                    "of nodes, as smddp sees them or from torchrun's LOCAL_WORLD_SIZE)")

@@ -189,6 +189,37 @@ def test_two_node_parity_with_gloo(pools, gloo_four_ranks):
     _check_parity(smddp, gloo_four_ranks, TWO_NODES)
 
 
+# PowerSGD's future callbacks issue all-reduces and wait for them; several
+# buckets' callbacks and the backward pass's own all-reduces interleave. gloo
+# cannot run it on CPU (its two worker threads deadlock when the callbacks
+# nest three deep), so the reference is plain DDP for the steps before
+# compression starts, and the invariants of DDP after.
+POWERSGD = {
+    "ddp": ["--strategy", "ddp"],
+    "ddp-powersgd": ["--strategy", "ddp", "--ddp-powersgd-rank", "2"],
+}
+POWERSGD_START = 2  # examples/train_fsdp.py: start_powerSGD_iter
+
+
+@pytest.mark.timeout(300)
+@pytest.mark.parametrize("shape", ["1x2", "2x2"])
+def test_ddp_powersgd(pools, shape):
+    pool = pools(2) if shape == "1x2" else pools(4, **EMULATED_2X2)
+    results = pool.run(case_train, POWERSGD, 2, timeout=200)
+    for rank, r in enumerate(results):
+        plain, compressed = r["ddp"]["losses"][0], r["ddp-powersgd"]["losses"]
+        assert compressed[0] == compressed[1], f"rank {rank}: two PowerSGD runs differ: {compressed}"
+        assert all(math.isfinite(x) for x in compressed[0]), compressed[0]
+        assert compressed[0][:POWERSGD_START] == plain[:POWERSGD_START], (
+            f"rank {rank}: before compression starts, PowerSGD {compressed[0]} differs from DDP {plain}"
+        )
+        assert compressed[0][POWERSGD_START:] != plain[POWERSGD_START:], "compression never changed a step"
+        d1, d2 = r["ddp-powersgd"]["digests"]
+        assert d1 == d2, f"rank {rank}: two PowerSGD runs end with different parameters"
+    # The replicas stay identical.
+    assert len({r["ddp-powersgd"]["digests"][0] for r in results}) == 1, "the ranks' parameters differ"
+
+
 @pytest.mark.timeout(200)
 def test_hsdp_shards_inside_nodes_and_replicates_across(pools):
     layouts = pools(4, **EMULATED_2X2).run(case_hsdp_layout, timeout=160)
