@@ -375,6 +375,41 @@ def case_collectives_inside_callbacks() -> list[str]:
     if a.tolist() != [float(world)] * 2 or b.tolist() != [2.0 * world] * 2:
         failures.append(f"a callback waiting for a later work: {a.tolist()}, {b.tolist()}")
 
+    # A chain: each callback waits, through a Work, for the next collective.
+    xs = [torch.ones(k + 2) for k in range(3)]
+    if rank == world - 1:
+        time.sleep(DELAY / 4)
+    works = [dist.all_reduce(x, async_op=True) for x in xs]
+    c1 = works[0].get_future().then(lambda f: (works[1].wait(), f.value()[0])[1])
+    c2 = works[1].get_future().then(lambda f: (works[2].wait(), f.value()[0])[1])
+    c1.wait()
+    c2.wait()
+    if any(x.tolist() != [float(world)] * (k + 2) for k, x in enumerate(xs)):
+        failures.append(f"a chain of callbacks waiting for the next work: {[x.tolist() for x in xs]}")
+
+    # A callback whose wait for a later collective gives up: the group goes
+    # on. The last rank is late for the first and the middle one: elsewhere
+    # the callback runs when the first completes, and gives up while the
+    # middle one, queued ahead of the awaited one, waits for that rank.
+    if rank == world - 1:
+        time.sleep(DELAY / 4)
+    first = dist.all_reduce(torch.ones(2), async_op=True)
+    if rank == world - 1:
+        time.sleep(DELAY / 4)
+    middle = dist.all_reduce(torch.ones(2), async_op=True)
+    second = dist.all_reduce(torch.ones(2), async_op=True)
+
+    def impatient(f: Any) -> torch.Tensor:
+        try:
+            second.wait(datetime.timedelta(milliseconds=20))
+        except Exception:  # noqa: BLE001 - giving up is the point
+            pass
+        return f.value()[0]
+
+    first.get_future().then(impatient).wait()
+    middle.wait()
+    second.wait()
+
     # Collectives issued and waited for synchronously inside a callback.
     def sync_inside(f: Any) -> torch.Tensor:
         x = torch.ones(5)

@@ -4,6 +4,7 @@
 
 #include "backend/work_smddp.h"
 #include "common/error.h"
+#include "common/log.h"
 
 namespace smddp {
 
@@ -12,11 +13,34 @@ namespace {
 // The executor whose work's future callbacks this thread is running.
 thread_local Executor* tl_in_callbacks = nullptr;
 
+class InCallbacks {
+ public:
+  explicit InCallbacks(Executor* e) : outer_(tl_in_callbacks) {
+    tl_in_callbacks = e;
+  }
+  ~InCallbacks() {
+    tl_in_callbacks = outer_;
+  }
+
+ private:
+  Executor* const outer_;
+};
+
 } // namespace
 
 Executor::Executor(std::string name) : name_(std::move(name)) {
   std::lock_guard<std::mutex> lock(mu_);
-  threads_.emplace_back([this] { loop(); });
+  spawnLocked();
+}
+
+void Executor::spawnLocked() {
+  try {
+    threads_.emplace_back([this] { loop(); });
+    // Idle from now on: until it takes mu_, it must not be spawned again.
+    ++idle_threads_;
+  } catch (const std::exception& e) {
+    SMDDP_LOG(kError, "cannot start an executor thread: ", e.what());
+  }
 }
 
 Executor::~Executor() {
@@ -52,7 +76,7 @@ void Executor::wakeLocked() {
   }
   if (idle_threads_ == 0) {
     // Every executor thread is inside a future callback.
-    threads_.emplace_back([this] { loop(); });
+    spawnLocked();
   } else {
     cv_.notify_one();
   }
@@ -63,19 +87,25 @@ void Executor::runClaimed(const WorkPtr& work, uint64_t first_seq, bool on_own_t
   {
     std::lock_guard<std::mutex> lock(mu_);
     busy_ = false;
-    work->body_done_ = true;
-    callbacks_waiting_ -= work->awaited_by_callbacks_;
-    work->awaited_by_callbacks_ = 0;
     ++in_callbacks_;
     wakeLocked();
   }
-  Executor* const outer = tl_in_callbacks;
-  tl_in_callbacks = this;
-  work->complete();
-  tl_in_callbacks = outer;
+  // shutdown() may be waiting for idleness.
+  idle_cv_.notify_all();
+  {
+    InCallbacks scope(this);
+    work->markFuture();
+  }
+  // Waiters wake while this work still holds the others back, so that
+  // nothing issued after it completes before it.
+  work->finishUp();
   {
     std::lock_guard<std::mutex> lock(mu_);
     --in_callbacks_;
+    work->finished_ = true;
+    // The callbacks that waited for it are running again.
+    callbacks_waiting_ -= work->awaited_by_callbacks_;
+    work->awaited_by_callbacks_ = 0;
     if (on_own_thread) {
       // It looks for the next work itself (loop()).
       ++idle_threads_;
@@ -86,8 +116,6 @@ void Executor::runClaimed(const WorkPtr& work, uint64_t first_seq, bool on_own_t
       wakeLocked();
     }
   }
-  // shutdown() may be waiting for idleness.
-  idle_cv_.notify_all();
 }
 
 void Executor::submit(const WorkPtr& work, bool run_here_if_idle) {
@@ -106,13 +134,14 @@ void Executor::submit(const WorkPtr& work, bool run_here_if_idle) {
   wakeLocked();
 }
 
-void Executor::prepareWait(WorkSMDDP* work, bool may_run_here) {
+bool Executor::prepareWait(WorkSMDDP* work, bool may_run_here) {
   std::unique_lock<std::mutex> lock(mu_);
-  if (work->body_done_ || stop_) {
-    return;
+  if (work->finished_ || stop_) {
+    return false;
   }
-  if (tl_in_callbacks == this) {
-    // Until `work` has run, this callback holds nothing up.
+  const bool counted = tl_in_callbacks == this;
+  if (counted) {
+    // Until `work` has finished, this callback holds nothing up.
     ++work->awaited_by_callbacks_;
     ++callbacks_waiting_;
   }
@@ -121,15 +150,23 @@ void Executor::prepareWait(WorkSMDDP* work, bool may_run_here) {
     WorkPtr claimed = claimLocked(&first);
     lock.unlock();
     runClaimed(claimed, first, false);
-    return;
+    return false;
   }
   wakeLocked();
+  return counted;
+}
+
+void Executor::cancelWait(WorkSMDDP* work) {
+  std::lock_guard<std::mutex> lock(mu_);
+  if (!work->finished_ && work->awaited_by_callbacks_ > 0) {
+    --work->awaited_by_callbacks_;
+    --callbacks_waiting_;
+  }
 }
 
 void Executor::loop() {
   pthread_setname_np(pthread_self(), name_.substr(0, 15).c_str());
   std::unique_lock<std::mutex> lock(mu_);
-  ++idle_threads_;
   while (true) {
     cv_.wait(lock, [&] { return stop_ || nextLocked() != nullptr; });
     --idle_threads_;
@@ -140,6 +177,8 @@ void Executor::loop() {
     WorkPtr work = claimLocked(&first);
     lock.unlock();
     runClaimed(work, first, true);  // counts this thread idle again
+    // Not under mu_: the last reference may free tensors, or the executor.
+    work.reset();
     lock.lock();
   }
 }
@@ -170,8 +209,13 @@ void Executor::shutdown(std::exception_ptr reason) {
       reason = std::current_exception();
     }
   }
+  // Every orphan fails before any of their callbacks runs: a callback may
+  // wait for a later orphan.
   for (auto& w : orphans) {
-    w->fail(reason);
+    w->abandon(reason);
+  }
+  for (auto& w : orphans) {
+    w->markFuture();
   }
   {
     // A work running on another thread (inline) finishes by its deadline.

@@ -25,6 +25,12 @@
 // them. When every executor thread is busy in callbacks and a work can
 // start, another thread is started to run it.
 //
+// Two things the order cannot know, and so asks of the caller (DDP's hooks
+// do both): chain then() on a work's future before issuing the next
+// collective (a callback added later may run on either thread, depending on
+// timing); and from a callback, wait for a collective issued elsewhere
+// through its Work, not its Future (the executor sees only the former).
+//
 // shutdown(): no new work starts; queued works fail with `reason`; the running
 // one (bounded by its deadline, or cut short by an abort of the group's
 // communicator) is waited for; the threads are joined.
@@ -56,8 +62,10 @@ class Executor {
   void submit(const c10::intrusive_ptr<WorkSMDDP>& work, bool run_here_if_idle);
   // Before a thread blocks in wait() on `work`: runs it here if
   // `may_run_here` and it can start now; from inside a future callback,
-  // lets the works queued before it start.
-  void prepareWait(WorkSMDDP* work, bool may_run_here);
+  // lets the works queued before it start (true: cancelWait() undoes that
+  // for a wait that gives up early).
+  bool prepareWait(WorkSMDDP* work, bool may_run_here);
+  void cancelWait(WorkSMDDP* work);
   void shutdown(std::exception_ptr reason);
   bool isShutdown();
 
@@ -71,6 +79,7 @@ class Executor {
   WorkPtr claimLocked(uint64_t* first_seq);
   // If a work may start, has a thread start it.
   void wakeLocked();
+  void spawnLocked();
   void runClaimed(const WorkPtr& work, uint64_t first_seq, bool on_own_thread);
 
   const std::string name_;

@@ -107,7 +107,8 @@ c10::intrusive_ptr<c10::ivalue::Future> WorkSMDDP::getFuture() {
 
 void WorkSMDDP::markFuture(const c10::intrusive_ptr<c10::ivalue::Future>& future) {
   // Outside future_mu_: the callbacks may call anything, this work's
-  // getFuture() included.
+  // getFuture() included. (A callback's own exception is the future's
+  // business: c10 catches it and fails the chained future.)
   auto mark = [&] {
     if (future_error_) {
       future->setError(future_error_);
@@ -115,10 +116,16 @@ void WorkSMDDP::markFuture(const c10::intrusive_ptr<c10::ivalue::Future>& future
       future->markCompleted(c10::IValue(outputs_));
     }
   };
-  if (context_) {
-    context_(mark);
-  } else {
-    mark();
+  try {
+    if (context_) {
+      context_(mark);
+    } else {
+      mark();
+    }
+  } catch (...) {
+    // Marking itself failed (a CUDA event after an abort, say): the
+    // future's waiters get that error instead of waiting for ever.
+    future->setErrorIfNeeded(std::current_exception());
   }
 }
 
@@ -139,7 +146,18 @@ void WorkSMDDP::fail(std::exception_ptr error) {
   complete();
 }
 
+void WorkSMDDP::abandon(std::exception_ptr error) {
+  body_ = nullptr;
+  error_ = error;
+  finishUp();
+}
+
 void WorkSMDDP::complete() {
+  markFuture();
+  finishUp();
+}
+
+void WorkSMDDP::markFuture() {
   c10::intrusive_ptr<c10::ivalue::Future> future;
   {
     std::lock_guard<std::mutex> lock(future_mu_);
@@ -150,6 +168,9 @@ void WorkSMDDP::complete() {
   if (future) {
     markFuture(future);
   }
+}
+
+void WorkSMDDP::finishUp() {
   done_.store(true, std::memory_order_release);
   finish(error_);
 }
@@ -166,11 +187,14 @@ std::unique_lock<std::mutex> WorkSMDDP::waitHost() {
 }
 
 bool WorkSMDDP::wait(std::chrono::milliseconds timeout) {
-  if (timeout != kNoTimeout && !done_.load(std::memory_order_acquire) && executor_) {
-    executor_->prepareWait(this, false);
-  }
+  const bool counted = timeout != kNoTimeout && !done_.load(std::memory_order_acquire) && executor_ &&
+      executor_->prepareWait(this, false);
   std::unique_lock<std::mutex> lock = timeout == kNoTimeout ? waitHost() : std::unique_lock<std::mutex>(mutex_);
   if (timeout != kNoTimeout && !cv_.wait_for(lock, timeout, [&] { return completed_; })) {
+    lock.unlock();
+    if (counted) {
+      executor_->cancelWait(this);
+    }
     TORCH_CHECK_WITH(
         DistBackendError,
         false,

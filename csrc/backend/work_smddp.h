@@ -57,16 +57,20 @@ class WorkSMDDP : public ::c10d::Work {
   std::chrono::milliseconds getTimeout() const;
 
   // Executor side: runs the body once, with sequence numbers from `first`
-  // (the work takes nseq() of them); then complete() marks the future (its
-  // callbacks run here) and wakes wait(). The body's exception (already
-  // translated by the group) becomes the work's.
+  // (the work takes nseq() of them); then markFuture() completes the future
+  // (its callbacks run on this thread) and finishUp() wakes wait(). The
+  // body's exception (already translated by the group) becomes the work's.
+  // Neither of the last two throws.
   uint64_t nseq() const {
     return nseq_;
   }
   void runBody(uint64_t first);
-  void complete();
+  void markFuture();
+  void finishUp();
   // Completes the work without running it.
   void fail(std::exception_ptr error);
+  // fail() in two steps: finishes the work; markFuture() follows.
+  void abandon(std::exception_ptr error);
 
   // CUDA collectives: after the body ran, wait()/synchronize() make the
   // caller's stream wait (on_wait), is_completed() asks the GPU (gpu_done),
@@ -87,13 +91,14 @@ class WorkSMDDP : public ::c10d::Work {
   // Blocks until the host part has completed; returns holding mutex_.
   std::unique_lock<std::mutex> waitHost();
   void markFuture(const c10::intrusive_ptr<c10::ivalue::Future>& future);
+  void complete();
 
   const uint64_t nseq_;
   std::atomic<uint64_t> seq_{kNotStarted};
   std::exception_ptr error_;  // the body's, until complete()
-  // Guarded by the executor's mutex: the body has run; how many waits
-  // from future callbacks it holds up (executor.h).
-  bool body_done_ = false;
+  // Guarded by the executor's mutex: the work has finished (callbacks
+  // included); how many future callbacks wait for it (executor.h).
+  bool finished_ = false;
   int awaited_by_callbacks_ = 0;
   const char* const name_;
   std::vector<at::Tensor> outputs_;
