@@ -601,6 +601,41 @@ algorithm::ReduceSpec moveSpec(DataType dtype) {
 
 } // namespace
 
+int64_t ProcessGroupSMDDP::perRankBlock(
+    const char* op,
+    const std::vector<at::Tensor>& list,
+    bool list_is_output,
+    const at::Tensor& single) const {
+  const char* list_what = list_is_output ? "output" : "input";
+  int64_t block = 0;
+  for (size_t k = 0; k < list.size(); ++k) {
+    const at::Tensor& t = list[k];
+    checkStrided(where(op), t, nth(list_what, static_cast<int64_t>(k)));
+    if (list_is_output) {
+      checkWritable(where(op), t, nth(list_what, static_cast<int64_t>(k)));
+      checkSameDtype(where(op), single, t);
+    } else {
+      checkSameDtype(where(op), t, single);
+    }
+    block = std::max(block, t.numel());
+  }
+  const at::Tensor& mine = list[static_cast<size_t>(rank_)];
+  TORCH_CHECK(
+      mine.numel() == single.numel(),
+      where(op),
+      list_what,
+      " ",
+      rank_,
+      " (this rank's) must have the ",
+      list_is_output ? "input" : "output",
+      "'s ",
+      single.numel(),
+      " elements (got ",
+      mine.numel(),
+      ")");
+  return block;
+}
+
 at::Tensor ProcessGroupSMDDP::nativeBuffer(
     Route route,
     HostLayout& layout,
@@ -816,25 +851,7 @@ c10::intrusive_ptr<::c10d::Work> ProcessGroupSMDDP::allgather(
   checkStrided(where(kOp), in, "input");
   // Output k takes rank k's input, whose size may differ from rank to rank
   // (as nccl allows): every rank pads its input to the largest.
-  int64_t block = 0;
-  for (size_t k = 0; k < outputs[0].size(); ++k) {
-    const at::Tensor& o = outputs[0][k];
-    checkStrided(where(kOp), o, nth("output", static_cast<int64_t>(k)));
-    checkWritable(where(kOp), o, nth("output", static_cast<int64_t>(k)));
-    checkSameDtype(where(kOp), in, o);
-    block = std::max(block, o.numel());
-  }
-  const at::Tensor& mine = outputs[0][static_cast<size_t>(rank_)];
-  TORCH_CHECK(
-      mine.numel() == in.numel(),
-      where(kOp),
-      "output ",
-      rank_,
-      " (this rank's) must have the input's ",
-      in.numel(),
-      " elements (got ",
-      mine.numel(),
-      ")");
+  const int64_t block = perRankBlock(kOp, outputs[0], true, in);
   std::vector<at::Tensor> outs = outputs[0];
   return submitNative(
       OpType::ALLGATHER, kOp, outs, std::vector<at::Tensor>{in}, opts.asyncOp, 1,
@@ -983,24 +1000,7 @@ c10::intrusive_ptr<::c10d::Work> ProcessGroupSMDDP::reduce_scatter(
   // Input k is this rank's part of rank k's output, whose size may differ
   // from rank to rank (as gloo allows): every block is padded to the
   // largest.
-  int64_t block = 0;
-  for (size_t k = 0; k < inputs[0].size(); ++k) {
-    const at::Tensor& t = inputs[0][k];
-    checkStrided(where(kOp), t, nth("input", static_cast<int64_t>(k)));
-    checkSameDtype(where(kOp), t, out);
-    block = std::max(block, t.numel());
-  }
-  const at::Tensor& mine = inputs[0][static_cast<size_t>(rank_)];
-  TORCH_CHECK(
-      mine.numel() == out.numel(),
-      where(kOp),
-      "input ",
-      rank_,
-      " (this rank's) must have the output's ",
-      out.numel(),
-      " elements (got ",
-      mine.numel(),
-      ")");
+  const int64_t block = perRankBlock(kOp, inputs[0], false, out);
   algorithm::ReduceSpec spec = makeReduceSpec(kOp, out.scalar_type(), opts.reduceOp);
   std::vector<at::Tensor> ins = inputs[0];
   return submitNative(

@@ -211,6 +211,15 @@ class ProcessGroupSMDDP : public ::c10d::Backend {
       const at::Tensor& output,
       bool output_is_whole,
       int64_t index) const;
+  // The list forms (one tensor per rank, all_gather's outputs or
+  // reduce_scatter's inputs), whose sizes may differ from rank to rank:
+  // checks each against `single` (the other side of the call) and this
+  // rank's own against `single`'s size; returns the largest size.
+  int64_t perRankBlock(
+      const char* op,
+      const std::vector<at::Tensor>& list,
+      bool list_is_output,
+      const at::Tensor& single) const;
   // The buffer through which a native call on `route` reads or writes `t`:
   // on the GPU `t` itself, which must be contiguous; on the host `t` or its
   // flat copy in `layout`.

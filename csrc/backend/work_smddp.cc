@@ -110,8 +110,8 @@ void WorkSMDDP::markFuture(const c10::intrusive_ptr<c10::ivalue::Future>& future
   // getFuture() included. (A callback's own exception is the future's
   // business: c10 catches it and fails the chained future.)
   auto mark = [&] {
-    if (future_error_) {
-      future->setError(future_error_);
+    if (error_) {
+      future->setError(error_);
     } else {
       future->markCompleted(c10::IValue(outputs_));
     }
@@ -141,9 +141,8 @@ void WorkSMDDP::runBody(uint64_t first) {
 }
 
 void WorkSMDDP::fail(std::exception_ptr error) {
-  body_ = nullptr;
-  error_ = error;
-  complete();
+  abandon(error);
+  markFuture();
 }
 
 void WorkSMDDP::abandon(std::exception_ptr error) {
@@ -152,17 +151,11 @@ void WorkSMDDP::abandon(std::exception_ptr error) {
   finishUp();
 }
 
-void WorkSMDDP::complete() {
-  markFuture();
-  finishUp();
-}
-
 void WorkSMDDP::markFuture() {
   c10::intrusive_ptr<c10::ivalue::Future> future;
   {
     std::lock_guard<std::mutex> lock(future_mu_);
     future_done_ = true;
-    future_error_ = error_;
     future = future_;
   }
   if (future) {

@@ -67,9 +67,10 @@ class WorkSMDDP : public ::c10d::Work {
   void runBody(uint64_t first);
   void markFuture();
   void finishUp();
-  // Completes the work without running it.
+  // Completes the work without running it: abandon(), then markFuture().
   void fail(std::exception_ptr error);
-  // fail() in two steps: finishes the work; markFuture() follows.
+  // Finishes the work without running it; its future is left to
+  // markFuture().
   void abandon(std::exception_ptr error);
 
   // CUDA collectives: after the body ran, wait()/synchronize() make the
@@ -91,11 +92,10 @@ class WorkSMDDP : public ::c10d::Work {
   // Blocks until the host part has completed; returns holding mutex_.
   std::unique_lock<std::mutex> waitHost();
   void markFuture(const c10::intrusive_ptr<c10::ivalue::Future>& future);
-  void complete();
 
   const uint64_t nseq_;
   std::atomic<uint64_t> seq_{kNotStarted};
-  std::exception_ptr error_;  // the body's, until complete()
+  std::exception_ptr error_;  // the body's (or the one fail() was given)
   // Guarded by the executor's mutex: the work has finished (callbacks
   // included); how many future callbacks wait for it (executor.h).
   bool finished_ = false;
@@ -109,7 +109,6 @@ class WorkSMDDP : public ::c10d::Work {
   std::mutex future_mu_;
   c10::intrusive_ptr<c10::ivalue::Future> future_;
   bool future_done_ = false;
-  std::exception_ptr future_error_;
   std::atomic<bool> done_{false};
   std::function<void()> on_wait_;
   std::function<bool()> gpu_done_;
