@@ -219,6 +219,12 @@ class RankPool:
         self.kill()
 
 
+def assert_no_failures(results: list[list[str]]) -> None:
+    """For cases that return the list of what went wrong on their rank."""
+    failures = [f"rank {r}: {f}" for r, fs in enumerate(results) for f in fs]
+    assert not failures, "\n".join(failures)
+
+
 def spawn_ranks(
     fn: Callable[..., Any],
     world: int,

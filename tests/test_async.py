@@ -19,6 +19,7 @@ from typing import Any
 import pytest
 import torch
 import torch.distributed as dist
+from dist_harness import assert_no_failures
 
 DELAY = 1.0  # how late the last rank joins, seconds
 RETURNS_WITHIN = 0.3  # an async call must return sooner than this
@@ -198,8 +199,7 @@ def case_futures() -> list[str]:
 @pytest.mark.parametrize("world", [2, 3])
 def test_futures(pools, world: int) -> None:
     results = pools(world).run(case_futures, timeout=40)
-    failures = [f"rank {r}: {f}" for r, fs in enumerate(results) for f in fs]
-    assert not failures, "\n".join(failures)
+    assert_no_failures(results)
 
 
 def case_in_order() -> dict:
@@ -433,5 +433,4 @@ def case_collectives_inside_callbacks() -> list[str]:
 @pytest.mark.parametrize("world", [2, 3])
 def test_collectives_inside_callbacks(pools, world: int) -> None:
     results = pools(world).run(case_collectives_inside_callbacks, timeout=40)
-    failures = [f"rank {r}: {f}" for r, fs in enumerate(results) for f in fs]
-    assert not failures, "\n".join(failures)
+    assert_no_failures(results)

@@ -32,7 +32,7 @@ from typing import Any
 import pytest
 import torch
 import torch.distributed as dist
-from dist_harness import RankPool
+from dist_harness import RankPool, assert_no_failures
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(HERE)
@@ -238,8 +238,7 @@ def case_local_errors() -> list[str]:
 @pytest.mark.parametrize("world", [2, 3])
 def test_local_argument_errors(pools, world: int) -> None:
     results = pools(world).run(case_local_errors, timeout=60)
-    failures = [f"rank {r}: {f}" for r, fs in enumerate(results) for f in fs]
-    assert not failures, "\n".join(failures)
+    assert_no_failures(results)
 
 
 # ---------------------------------------------------------------- disagreements
@@ -459,8 +458,7 @@ def case_unsupported_dtypes() -> list[str]:
 @pytest.mark.timeout(60, func_only=True)
 def test_unsupported_dtypes(failure_pool) -> None:
     results = failure_pool.run(case_unsupported_dtypes, timeout=40)
-    failures = [f"rank {r}: {f}" for r, fs in enumerate(results) for f in fs]
-    assert not failures, "\n".join(failures)
+    assert_no_failures(results)
 
 
 def case_no_fallback() -> dict:
