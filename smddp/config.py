@@ -61,6 +61,12 @@ KNOBS: tuple[Knob, ...] = (
     Knob("SMDDP_YIELD_US", False, "autoint", "auto", "0..1000000",
          "Microseconds a waiting rank then yields its CPU to runnable peers before it sleeps on "
          "a futex; auto: 20, or 2000 when the host's ranks outnumber its CPUs."),
+    Knob("SMDDP_HUGE_PAGES", False, "choice", "auto", "auto|advise|off",
+         "Transparent huge pages for the large CPU buffers of collectives: advise asks for them "
+         "where pages are not yet touched (madvise MADV_HUGEPAGE); auto also collapses a reused "
+         "buffer's pages into huge ones once (Linux 6.7+); off leaves the memory as it is."),
+    Knob("SMDDP_HUGE_PAGES_MIN_BYTES", False, "bytes", "4M", "2M..1T",
+         "Smallest 2 MiB-aligned part of a buffer that SMDDP_HUGE_PAGES acts on."),
     Knob("SMDDP_SOCKET_IFNAME", False, "string", "", "",
          "Network interface (name) or address of the inter-node sockets; empty: the address "
          "this host uses to reach the store."),

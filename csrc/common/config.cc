@@ -104,6 +104,15 @@ void parse_choice(
 }
 
 void parse_choice(
+    HugePageMode* out,
+    const char* name,
+    const std::string& v,
+    const std::string& d) {
+  std::string c = parseChoiceValue(name, v, d);
+  *out = c == "advise" ? HugePageMode::kAdvise : c == "off" ? HugePageMode::kOff : HugePageMode::kAuto;
+}
+
+void parse_choice(
     std::string* out,
     const char* name,
     const std::string& v,
@@ -252,6 +261,9 @@ std::string canonical(Algo a) {
 }
 std::string canonical(Tristate t) {
   return t == Tristate::kOn ? "on" : t == Tristate::kOff ? "off" : "auto";
+}
+std::string canonical(HugePageMode m) {
+  return m == HugePageMode::kAdvise ? "advise" : m == HugePageMode::kOff ? "off" : "auto";
 }
 std::string canonical(const std::string& s) {
   return s;

@@ -20,6 +20,7 @@ namespace smddp {
 
 enum class Algo { kAuto, kRing, kHierarchical };
 enum class Tristate { kAuto, kOn, kOff };
+enum class HugePageMode { kAuto, kAdvise, kOff };
 constexpr size_t kAutoBytes = static_cast<size_t>(-1);
 
 // X(field, ENV_NAME, agree, kind, default, domain, help)
@@ -70,6 +71,14 @@ constexpr size_t kAutoBytes = static_cast<size_t>(-1);
     "Microseconds a waiting rank then yields its CPU to runnable peers before "\
     "it sleeps on a futex; auto: 20, or 2000 when the host's ranks outnumber " \
     "its CPUs.")                                                               \
+  X(huge_pages, "SMDDP_HUGE_PAGES", false, choice, "auto", "auto|advise|off",         \
+    "Transparent huge pages for the large CPU buffers of collectives: advise " \
+    "asks for them where pages are not yet touched (madvise MADV_HUGEPAGE); "  \
+    "auto also collapses a reused buffer's pages into huge ones once (Linux "  \
+    "6.7+); off leaves the memory as it is.")                                  \
+  X(huge_pages_min_bytes, "SMDDP_HUGE_PAGES_MIN_BYTES", false, bytes, "4M",          \
+    "2M..1T",                                                                  \
+    "Smallest 2 MiB-aligned part of a buffer that SMDDP_HUGE_PAGES acts on.")  \
   X(socket_ifname, "SMDDP_SOCKET_IFNAME", false, string, "", "",                      \
     "Network interface (name) or address of the inter-node sockets; empty: "   \
     "the address this host uses to reach the store.")                          \
@@ -99,6 +108,8 @@ struct Config {
   size_t shm_slot_bytes = 0;
   int spin_us = -1;
   int yield_us = -1;
+  HugePageMode huge_pages = HugePageMode::kAuto;
+  size_t huge_pages_min_bytes = 0;
   std::string socket_ifname;
   int socket_streams = 0;
   int cuda_ranks_per_gpu = 0;

@@ -1,0 +1,193 @@
+#include "common/huge_pages.h"
+
+#include <cerrno>
+
+#include <fcntl.h>
+#include <sys/ioctl.h>
+#include <sys/mman.h>
+#include <unistd.h>
+
+#include "common/log.h"
+
+namespace smddp {
+
+namespace {
+
+constexpr uintptr_t kHuge = uintptr_t{2} << 20;
+
+#ifndef MADV_COLLAPSE
+constexpr int kMadvCollapse = 25; // Linux 6.1; older headers lack it
+#else
+constexpr int kMadvCollapse = MADV_COLLAPSE;
+#endif
+
+// PAGEMAP_SCAN (Linux 6.7), spelled out for headers that predate it.
+struct PageRegion {
+  uint64_t start;
+  uint64_t end;
+  uint64_t categories;
+};
+struct PmScanArg {
+  uint64_t size;
+  uint64_t flags;
+  uint64_t start;
+  uint64_t end;
+  uint64_t walk_end;
+  uint64_t vec;
+  uint64_t vec_len;
+  uint64_t max_pages;
+  uint64_t category_inverted;
+  uint64_t category_mask;
+  uint64_t category_anyof_mask;
+  uint64_t return_mask;
+};
+constexpr uint64_t kPageIsHuge = uint64_t{1} << 6;
+constexpr unsigned long kPagemapScan = _IOWR('f', 16, PmScanArg);
+
+} // namespace
+
+HugePages::HugePages() = default;
+
+HugePages::~HugePages() {
+  if (pagemap_fd_ >= 0) {
+    ::close(pagemap_fd_);
+  }
+}
+
+HugePages& HugePages::process() {
+  // Never destroyed: executor threads may still use it during exit.
+  static HugePages* instance = new HugePages();
+  return *instance;
+}
+
+int HugePages::pagemapFd() {
+  const pid_t pid = ::getpid();
+  if (pagemap_fd_ >= 0 && pagemap_pid_ == pid) {
+    return pagemap_fd_;
+  }
+  // After a fork the inherited descriptor still describes the parent.
+  if (pagemap_fd_ >= 0) {
+    ::close(pagemap_fd_);
+  }
+  pagemap_fd_ = ::open("/proc/self/pagemap", O_RDONLY | O_CLOEXEC);
+  pagemap_pid_ = pid;
+  return pagemap_fd_;
+}
+
+bool HugePages::allHugeLocked(uintptr_t begin, uintptr_t end) {
+  const int fd = pagemapFd();
+  if (fd < 0 || end <= begin) {
+    return false;
+  }
+  // Asks for the first page that is not huge; none found means all are.
+  // (A hole in the address space has no pages and passes: callers ask only
+  // about buffers they were handed.)
+  PageRegion found{};
+  PmScanArg arg{};
+  arg.size = sizeof(arg);
+  arg.start = begin;
+  arg.end = end;
+  arg.vec = reinterpret_cast<uintptr_t>(&found);
+  arg.vec_len = 1;
+  arg.max_pages = 1;
+  arg.category_inverted = kPageIsHuge;
+  arg.category_mask = kPageIsHuge;
+  arg.return_mask = kPageIsHuge;
+  return ::ioctl(fd, kPagemapScan, &arg) == 0;
+}
+
+bool HugePages::isHuge(const void* p, size_t bytes) {
+  std::lock_guard<std::mutex> lock(mu_);
+  const auto begin = reinterpret_cast<uintptr_t>(p);
+  return allHugeLocked(begin, begin + bytes);
+}
+
+bool HugePages::canCollapse() {
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (can_collapse_ >= 0) {
+      return can_collapse_ == 1;
+    }
+  }
+  bool ok = false;
+  // One aligned huge page of a scratch mapping: does the kernel collapse it,
+  // and does PAGEMAP_SCAN then see it?
+  void* map = ::mmap(nullptr, 2 * kHuge, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+  if (map != MAP_FAILED) {
+    auto* page = reinterpret_cast<uint8_t*>((reinterpret_cast<uintptr_t>(map) + kHuge - 1) & ~(kHuge - 1));
+    page[0] = 1;
+    ok = ::madvise(page, kHuge, kMadvCollapse) == 0 && isHuge(page, kHuge);
+    ::munmap(map, 2 * kHuge);
+  }
+  SMDDP_LOG(kDebug, "huge pages: ", ok ? "collapse and PAGEMAP_SCAN available"
+                                       : "no MADV_COLLAPSE or PAGEMAP_SCAN here; advice only");
+  std::lock_guard<std::mutex> lock(mu_);
+  can_collapse_ = ok ? 1 : 0;
+  return ok;
+}
+
+HugePages::Range& HugePages::lookup(uintptr_t begin, uintptr_t end, bool* seen) {
+  Range* oldest = &ranges_[0];
+  for (Range& r : ranges_) {
+    if (r.begin == begin && r.end == end) {
+      *seen = true;
+      r.last_use = ++clock_;
+      return r;
+    }
+    if (r.last_use < oldest->last_use) {
+      oldest = &r;
+    }
+  }
+  *seen = false;
+  *oldest = Range{begin, end, ++clock_, false, false};
+  return *oldest;
+}
+
+HugePages::Action HugePages::prepare(const void* p, size_t bytes, HugePageMode mode, size_t min_bytes) {
+  if (mode == HugePageMode::kOff || p == nullptr) {
+    return kNone;
+  }
+  const auto addr = reinterpret_cast<uintptr_t>(p);
+  const uintptr_t begin = (addr + kHuge - 1) & ~(kHuge - 1);
+  const uintptr_t end = (addr + bytes) & ~(kHuge - 1);
+  if (end <= begin || end - begin < min_bytes) {
+    return kNone;
+  }
+  void* range = reinterpret_cast<void*>(begin);
+  const size_t len = end - begin;
+  const bool collapse_here = mode == HugePageMode::kAuto && canCollapse();
+  bool collapse = false;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    bool seen = false;
+    Range& r = lookup(begin, end, &seen);
+    if (seen && collapse_here) {
+      if (!r.churns) {
+        // Huge already (collapsed before, or faulted in after the advice):
+        // nothing to do, and the common case of a reused buffer.
+        if (allHugeLocked(begin, end)) {
+          return kNone;
+        }
+        if (r.collapsed) {
+          r.churns = true;
+          SMDDP_LOG(kDebug, "huge pages: the buffer at ", range, " (", len,
+                    " bytes) lost its huge pages since its collapse; not collapsing it again");
+        } else {
+          r.collapsed = true;
+          collapse = true;
+        }
+      }
+    }
+  }
+  ::madvise(range, len, MADV_HUGEPAGE);
+  if (!collapse) {
+    return kAdvised;
+  }
+  if (::madvise(range, len, kMadvCollapse) != 0) {
+    SMDDP_LOG(kDebug, "huge pages: collapsing ", len, " bytes failed (errno ", errno, ")");
+    return kAdvised;
+  }
+  return kCollapsed;
+}
+
+} // namespace smddp
