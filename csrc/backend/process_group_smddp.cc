@@ -10,6 +10,7 @@
 #include "backend/fallback_factory.h"
 #include "backend/store_adapter.h"
 #include "common/error.h"
+#include "common/huge_pages.h"
 #include "common/log.h"
 
 namespace smddp {
@@ -504,6 +505,18 @@ ProcessGroupSMDDP::Route ProcessGroupSMDDP::route(
   return Route::kFallback;
 }
 
+void ProcessGroupSMDDP::prepareHostMemory(const algorithm::OpArgs& a) const {
+  const size_t block = a.count * a.elemSize();
+  const size_t whole = block * static_cast<size_t>(size_);
+  const size_t in = a.kind == CollectiveKind::kReduceScatter ? whole : block;
+  const size_t out = a.kind == CollectiveKind::kAllGather ? whole : block;
+  HugePages& pages = HugePages::process();
+  pages.prepare(a.in, in, config_.huge_pages, config_.huge_pages_min_bytes);
+  if (a.out != a.in) {
+    pages.prepare(a.out, out, config_.huge_pages, config_.huge_pages_min_bytes);
+  }
+}
+
 void ProcessGroupSMDDP::runOnHost(const algorithm::OpArgs& a) {
   switch (a.kind) {
     case CollectiveKind::kAllGather:
@@ -557,6 +570,9 @@ c10::intrusive_ptr<::c10d::Work> ProcessGroupSMDDP::submitOnHost(
       [this, calls = std::move(calls), inputs, outputs, layout = std::move(layout)](
           uint64_t seq, const Deadline& deadline) {
         layout.copyIn();
+        for (const algorithm::OpArgs& a : calls) {
+          prepareHostMemory(a);
+        }
         for (size_t i = 0; i < calls.size(); ++i) {
           algorithm::OpArgs a = calls[i];
           a.seq = seq + i;

@@ -179,6 +179,8 @@ class ProcessGroupSMDDP : public ::c10d::Backend {
       std::vector<at::Tensor> outputs,
       bool async_op,
       HostLayout layout = {});
+  // Before a host call: huge pages for its large buffers (SMDDP_HUGE_PAGES).
+  void prepareHostMemory(const algorithm::OpArgs& a) const;
   void runOnHost(const algorithm::OpArgs& args);
   // Runs `body` as the native collective `label` (e.g. "allreduce"); takes
   // `nseq` sequence numbers (the first is passed to body).

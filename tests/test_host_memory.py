@@ -1,0 +1,163 @@
+"""Huge pages for the large CPU buffers of collectives (SMDDP_HUGE_PAGES).
+
+A rank reads the kernel's own account of a tensor's memory
+(/proc/self/smaps, AnonHugePages of the mapping that holds it) before and
+after collectives on it:
+
+- auto (the default): a buffer written before the call and reused, as a
+  benchmark's or DDP's buckets are, is backed by huge pages from its second
+  call on; the values are those of the collective;
+- advise: an output not yet written gets huge pages when the collective
+  writes it, and a buffer already written is not collapsed (khugepaged, the
+  kernel's background collapser, may still get to a part of it);
+- off: the memory is left as it is.
+
+The kernel must help: THP not disabled, and for auto MADV_COLLAPSE and
+PAGEMAP_SCAN (Linux 6.7); elsewhere the cases say why they skip.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import os
+import platform
+
+import pytest
+import torch
+import torch.distributed as dist
+from dist_harness import assert_no_failures
+
+MIB = 1 << 20
+HUGE = 2 * MIB
+ELEMS = 8 * MIB  # 32 MiB inputs, 64 MiB outputs on 2 ranks
+PROT_READ, PROT_WRITE = 1, 2
+MAP_PRIVATE, MAP_ANONYMOUS = 0x02, 0x20
+
+
+def _kernel_support() -> str | None:
+    """Why this host cannot show huge pages, or None."""
+    try:
+        with open("/sys/kernel/mm/transparent_hugepage/enabled") as f:
+            thp = f.read()
+    except OSError:
+        return "no transparent huge pages in this kernel"
+    if "[never]" in thp:
+        return "transparent huge pages are disabled ([never])"
+    if "[always]" in thp:
+        return "transparent huge pages are always on: every buffer has them already"
+    major, minor = (int(x) for x in platform.release().split(".")[:2])
+    if (major, minor) < (6, 7):
+        return f"kernel {platform.release()} lacks PAGEMAP_SCAN (6.7)"
+    return None
+
+
+class _Mappings:
+    """Tensors in private anonymous mappings of their own, fenced by
+    inaccessible pages so that the kernel cannot merge them with their
+    neighbours: /proc/self/smaps then accounts for each buffer alone."""
+
+    def __init__(self) -> None:
+        self.libc = ctypes.CDLL(None, use_errno=True)
+        self.libc.mmap.restype = ctypes.c_void_p
+        self.libc.mmap.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int, ctypes.c_int,
+                                   ctypes.c_int, ctypes.c_long]
+        self.libc.mprotect.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int]
+        self.libc.munmap.argtypes = [ctypes.c_void_p, ctypes.c_size_t]
+        self.maps: list[tuple[int, int]] = []
+
+    def tensor(self, elems: int) -> torch.Tensor:
+        nbytes = elems * 4
+        total = nbytes + 4 * HUGE
+        base = self.libc.mmap(None, total, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0)
+        assert base not in (None, ctypes.c_void_p(-1).value), "mmap failed"
+        self.maps.append((base, total))
+        start = (base + 2 * HUGE - 1) // HUGE * HUGE  # a huge page of fence before it
+        self.libc.mprotect(base, start - base, 0)
+        self.libc.mprotect(start + nbytes, base + total - start - nbytes, 0)
+        return torch.frombuffer((ctypes.c_char * nbytes).from_address(start), dtype=torch.float32)
+
+    def close(self) -> None:
+        for base, total in self.maps:
+            self.libc.munmap(base, total)
+
+
+def _huge_bytes(t: torch.Tensor) -> int:
+    """AnonHugePages of the mappings that hold `t` (the advice splits a
+    mapping at the 2 MiB boundaries inside the buffer)."""
+    lo_t, hi_t = t.data_ptr(), t.data_ptr() + t.numel() * t.element_size()
+    inside = False
+    total = 0
+    with open("/proc/self/smaps") as f:
+        for line in f:
+            head = line.split()[0]
+            if "-" in head and not head.endswith(":"):
+                lo, hi = (int(x, 16) for x in head.split("-"))
+                inside = lo < hi_t and lo_t < hi
+            elif inside and head == "AnonHugePages:":
+                total += int(line.split()[1]) * 1024
+    return total
+
+
+def case_huge_pages() -> list[str]:
+    rank, world = dist.get_rank(), dist.get_world_size()
+    bad: list[str] = []
+    expected = torch.arange(world, dtype=torch.float32).repeat_interleave(ELEMS)
+    groups = {}
+    for mode in ("advise", "off"):
+        os.environ["SMDDP_HUGE_PAGES"] = mode
+        groups[mode] = dist.new_group(backend="smddp")
+    del os.environ["SMDDP_HUGE_PAGES"]
+
+    def gather(out: torch.Tensor, inp: torch.Tensor, group=None) -> None:
+        dist.all_gather_into_tensor(out, inp, group=group)
+        if not torch.equal(out, expected):
+            bad.append(f"wrong all_gather result, group {group}")
+
+    maps = _Mappings()
+
+    def written(elems: int, value: float) -> torch.Tensor:
+        t = maps.tensor(elems)
+        t.fill_(value)
+        return t
+
+    # auto: written buffers, reused.
+    inp, out = written(ELEMS, float(rank)), written(world * ELEMS, 0.0)
+    if _huge_bytes(inp) or _huge_bytes(out):
+        bad.append("fresh buffers already have huge pages: the case shows nothing")
+    # The first call only advises (khugepaged may then collapse some of the
+    # advised pages in the background, so that is not checked here; the
+    # native tests check what each call does).
+    gather(out, inp)
+    gather(out, inp)
+    for name, t in (("input", inp), ("output", out)):
+        if _huge_bytes(t) != t.numel() * 4:
+            bad.append(f"auto: the reused {name} has {_huge_bytes(t)} of {t.numel() * 4} bytes in huge pages")
+
+    # advise: an output not yet written is faulted in with huge pages; the
+    # written input keeps its pages.
+    inp, out = written(ELEMS, float(rank)), maps.tensor(world * ELEMS)
+    gather(out, inp, groups["advise"])
+    gather(out, inp, groups["advise"])
+    if _huge_bytes(out) != out.numel() * 4:
+        bad.append(f"advise: the unwritten output has {_huge_bytes(out)} bytes in huge pages")
+    if _huge_bytes(inp) == inp.numel() * 4:
+        bad.append("advise: the written input was collapsed")
+
+    # off: nothing changes.
+    inp, out = written(ELEMS, float(rank)), maps.tensor(world * ELEMS)
+    gather(out, inp, groups["off"])
+    gather(out, inp, groups["off"])
+    if _huge_bytes(inp) or _huge_bytes(out):
+        bad.append("off: buffers got huge pages")
+    del inp, out
+    maps.close()
+    for g in groups.values():
+        dist.destroy_process_group(g)
+    return bad
+
+
+def test_huge_pages(pools) -> None:
+    why = _kernel_support()
+    if why:
+        pytest.skip(why)
+    assert_no_failures(pools(2).run(case_huge_pages, timeout=120))
