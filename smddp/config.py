@@ -64,7 +64,9 @@ KNOBS: tuple[Knob, ...] = (
     Knob("SMDDP_HUGE_PAGES", False, "choice", "auto", "auto|advise|off",
          "Transparent huge pages for the large CPU buffers of collectives: advise asks for them "
          "where pages are not yet touched (madvise MADV_HUGEPAGE); auto also collapses a reused "
-         "buffer's pages into huge ones once (Linux 6.7+); off leaves the memory as it is."),
+         "buffer's pages into huge ones once (Linux 6.7+); off leaves the memory as it is (and a "
+         "buffer's own MADV_NOHUGEPAGE, which the advice overrides). Nothing is done where THP is "
+         "disabled (never, or prctl PR_SET_THP_DISABLE)."),
     Knob("SMDDP_HUGE_PAGES_MIN_BYTES", False, "bytes", "4M", "2M..1T",
          "Smallest 2 MiB-aligned part of a buffer that SMDDP_HUGE_PAGES acts on."),
     Knob("SMDDP_SOCKET_IFNAME", False, "string", "", "",

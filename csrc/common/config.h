@@ -75,7 +75,9 @@ constexpr size_t kAutoBytes = static_cast<size_t>(-1);
     "Transparent huge pages for the large CPU buffers of collectives: advise " \
     "asks for them where pages are not yet touched (madvise MADV_HUGEPAGE); "  \
     "auto also collapses a reused buffer's pages into huge ones once (Linux "  \
-    "6.7+); off leaves the memory as it is.")                                  \
+    "6.7+); off leaves the memory as it is (and a buffer's own "               \
+    "MADV_NOHUGEPAGE, which the advice overrides). Nothing is done where THP " \
+    "is disabled (never, or prctl PR_SET_THP_DISABLE).")                       \
   X(huge_pages_min_bytes, "SMDDP_HUGE_PAGES_MIN_BYTES", false, bytes, "4M",          \
     "2M..1T",                                                                  \
     "Smallest 2 MiB-aligned part of a buffer that SMDDP_HUGE_PAGES acts on.")  \

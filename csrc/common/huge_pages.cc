@@ -2,9 +2,14 @@
 
 #include <cerrno>
 
+#include <fstream>
+#include <string>
+
 #include <fcntl.h>
+#include <pthread.h>
 #include <sys/ioctl.h>
 #include <sys/mman.h>
+#include <sys/prctl.h>
 #include <unistd.h>
 
 #include "common/log.h"
@@ -56,8 +61,39 @@ HugePages::~HugePages() {
 
 HugePages& HugePages::process() {
   // Never destroyed: executor threads may still use it during exit.
-  static HugePages* instance = new HugePages();
+  static HugePages* instance = [] {
+    auto* hp = new HugePages();
+    // A fork while another thread holds mu_ would leave it locked for good
+    // in the child: hold it across the fork, then release it on both sides.
+    ::pthread_atfork(
+        [] { process().mu_.lock(); }, [] { process().mu_.unlock(); }, [] { process().mu_.unlock(); });
+    return hp;
+  }();
   return *instance;
+}
+
+bool HugePages::allowed() {
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (allowed_ >= 0) {
+      return allowed_ == 1;
+    }
+  }
+  // The host's and the process's own choices come first: MADV_COLLAPSE
+  // ignores THP's "never", and MADV_HUGEPAGE would lift the process's
+  // PR_SET_THP_DISABLE.
+  std::string setting;
+  std::ifstream f("/sys/kernel/mm/transparent_hugepage/enabled");
+  std::getline(f, setting);
+  const bool ok = !setting.empty() && setting.find("[never]") == std::string::npos &&
+      ::prctl(PR_GET_THP_DISABLE, 0, 0, 0, 0) == 0;
+  if (!ok) {
+    SMDDP_LOG(kDebug, "huge pages: off (transparent huge pages '", setting, "', disabled for this process: ",
+              ::prctl(PR_GET_THP_DISABLE, 0, 0, 0, 0) == 1 ? "yes" : "no", ")");
+  }
+  std::lock_guard<std::mutex> lock(mu_);
+  allowed_ = ok ? 1 : 0;
+  return ok;
 }
 
 int HugePages::pagemapFd() {
@@ -74,8 +110,7 @@ int HugePages::pagemapFd() {
   return pagemap_fd_;
 }
 
-bool HugePages::allHugeLocked(uintptr_t begin, uintptr_t end) {
-  const int fd = pagemapFd();
+bool HugePages::allHuge(int fd, uintptr_t begin, uintptr_t end) {
   if (fd < 0 || end <= begin) {
     return false;
   }
@@ -97,9 +132,13 @@ bool HugePages::allHugeLocked(uintptr_t begin, uintptr_t end) {
 }
 
 bool HugePages::isHuge(const void* p, size_t bytes) {
-  std::lock_guard<std::mutex> lock(mu_);
+  int fd = -1;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    fd = pagemapFd();
+  }
   const auto begin = reinterpret_cast<uintptr_t>(p);
-  return allHugeLocked(begin, begin + bytes);
+  return allHuge(fd, begin, begin + bytes);
 }
 
 bool HugePages::canCollapse() {
@@ -127,6 +166,9 @@ bool HugePages::canCollapse() {
 }
 
 HugePages::Range& HugePages::lookup(uintptr_t begin, uintptr_t end, bool* seen) {
+  // Evicts the least recently used range, sparing ranges marked as replaced
+  // between calls: forgetting one would cost it another collapse.
+  Range* victim = nullptr;
   Range* oldest = &ranges_[0];
   for (Range& r : ranges_) {
     if (r.begin == begin && r.end == end) {
@@ -137,10 +179,16 @@ HugePages::Range& HugePages::lookup(uintptr_t begin, uintptr_t end, bool* seen) 
     if (r.last_use < oldest->last_use) {
       oldest = &r;
     }
+    if (!r.churns && (victim == nullptr || r.last_use < victim->last_use)) {
+      victim = &r;
+    }
+  }
+  if (victim == nullptr) {
+    victim = oldest;
   }
   *seen = false;
-  *oldest = Range{begin, end, ++clock_, false, false};
-  return *oldest;
+  *victim = Range{begin, end, ++clock_, false, false};
+  return *victim;
 }
 
 HugePages::Action HugePages::prepare(const void* p, size_t bytes, HugePageMode mode, size_t min_bytes) {
@@ -150,35 +198,44 @@ HugePages::Action HugePages::prepare(const void* p, size_t bytes, HugePageMode m
   const auto addr = reinterpret_cast<uintptr_t>(p);
   const uintptr_t begin = (addr + kHuge - 1) & ~(kHuge - 1);
   const uintptr_t end = (addr + bytes) & ~(kHuge - 1);
-  if (end <= begin || end - begin < min_bytes) {
+  if (end <= begin || end - begin < min_bytes || !allowed()) {
     return kNone;
   }
   void* range = reinterpret_cast<void*>(begin);
   const size_t len = end - begin;
   const bool collapse_here = mode == HugePageMode::kAuto && canCollapse();
-  bool collapse = false;
+  bool consider = false;
+  int fd = -1;
   {
     std::lock_guard<std::mutex> lock(mu_);
     bool seen = false;
+    const Range& r = lookup(begin, end, &seen);
+    consider = seen && collapse_here && !r.churns;
+    fd = consider ? pagemapFd() : -1;
+  }
+  bool collapse = false;
+  if (consider) {
+    // Huge already (collapsed before, or faulted in after the advice):
+    // nothing to do, and the common case of a reused buffer. The scan
+    // takes the address space's lock: not under mu_.
+    if (allHuge(fd, begin, end)) {
+      return kNone;
+    }
+    std::lock_guard<std::mutex> lock(mu_);
+    bool seen = false;
     Range& r = lookup(begin, end, &seen);
-    if (seen && collapse_here) {
-      if (!r.churns) {
-        // Huge already (collapsed before, or faulted in after the advice):
-        // nothing to do, and the common case of a reused buffer.
-        if (allHugeLocked(begin, end)) {
-          return kNone;
-        }
-        if (r.collapsed) {
-          r.churns = true;
-          SMDDP_LOG(kDebug, "huge pages: the buffer at ", range, " (", len,
-                    " bytes) lost its huge pages since its collapse; not collapsing it again");
-        } else {
-          r.collapsed = true;
-          collapse = true;
-        }
-      }
+    if (r.collapsed) {
+      r.churns = true;
+    } else {
+      r.collapsed = collapse = true;
     }
   }
+  if (consider && !collapse) {
+    SMDDP_LOG(kDebug, "huge pages: the buffer at ", range, " (", len,
+              " bytes) lost its huge pages since its collapse; not collapsing it again");
+  }
+  // Every call: a buffer mapped anew at the same address has lost the
+  // advice, and pages it has not written yet still benefit from it.
   ::madvise(range, len, MADV_HUGEPAGE);
   if (!collapse) {
     return kAdvised;

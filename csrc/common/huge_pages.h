@@ -24,8 +24,11 @@
 //
 // Contents and semantics of the memory are unchanged; only its page size
 // differs. Errors of either madvise are ignored: the advice is an
-// optimization, and a kernel without it (or with THP disabled) runs the
-// collectives as before.
+// optimization, and a kernel without it runs the collectives as before.
+// Nothing is done where the host ("never") or the process (prctl
+// PR_SET_THP_DISABLE) disabled transparent huge pages. The advice does
+// override a buffer's own MADV_NOHUGEPAGE (the kernel offers no cheap way to
+// see it); SMDDP_HUGE_PAGES=off keeps such memory as it is.
 //
 // Threading: one object per process serves every group's executor threads;
 // the bookkeeping is under a mutex, the system calls outside it.
@@ -59,6 +62,9 @@ class HugePages {
   // Whether this kernel can both collapse ranges and tell huge ones apart;
   // without either, kAuto acts as kAdvise.
   bool canCollapse();
+  // False where the host disabled transparent huge pages ("never") or the
+  // process did (prctl PR_SET_THP_DISABLE): then nothing is done.
+  bool allowed();
   // Whether every page of [p, p + bytes) is a huge page; false if unknown.
   bool isHuge(const void* p, size_t bytes);
 
@@ -76,8 +82,8 @@ class HugePages {
   Range& lookup(uintptr_t begin, uintptr_t end, bool* seen);
   // Under mu_: the pagemap of this process (reopened after a fork).
   int pagemapFd();
-  // Under mu_: whether every page of [begin, end) is huge (PAGEMAP_SCAN).
-  bool allHugeLocked(uintptr_t begin, uintptr_t end);
+  // Whether every page of [begin, end) is huge (PAGEMAP_SCAN on `fd`).
+  static bool allHuge(int fd, uintptr_t begin, uintptr_t end);
 
   std::mutex mu_;
   Range ranges_[kRanges];
@@ -85,6 +91,7 @@ class HugePages {
   int pagemap_fd_ = -1;
   pid_t pagemap_pid_ = 0;
   int can_collapse_ = -1; // -1: not probed yet
+  int allowed_ = -1;
 };
 
 } // namespace smddp

@@ -8,6 +8,7 @@
 #include <string>
 
 #include <sys/mman.h>
+#include <sys/prctl.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -159,19 +160,77 @@ SMDDP_TEST(ranges_are_remembered_up_to_a_bound) {
   if (!kernelHelps(hp, "ranges_are_remembered_up_to_a_bound") || thpAlways()) {
     return;
   }
-  Mapping first(4 * kMiB);
-  first.fill(2);
-  EXPECT_EQ(hp.prepare(first.data, first.bytes, HugePageMode::kAuto, kMin), HugePages::kAdvised);
-  // Untouched mappings, advised only: they push the first range out.
-  Mapping many(65 * 4 * kMiB);
-  for (int i = 0; i < 65; ++i) {
-    EXPECT_EQ(hp.prepare(many.data + static_cast<size_t>(i) * 4 * kMiB, 4 * kMiB, HugePageMode::kAuto, kMin),
-              HugePages::kAdvised);
+  // Untouched mappings, advised only, stand for the other buffers of a step.
+  Mapping many(127 * 4 * kMiB);
+  auto others = [&](int from, int n) {
+    for (int i = from; i < from + n; ++i) {
+      EXPECT_EQ(hp.prepare(many.data + static_cast<size_t>(i) * 4 * kMiB, 4 * kMiB, HugePageMode::kAuto, kMin),
+                HugePages::kAdvised);
+    }
+  };
+  // Seen again after 63 others: remembered, so collapsed.
+  Mapping a(4 * kMiB);
+  a.fill(2);
+  EXPECT_EQ(hp.prepare(a.data, a.bytes, HugePageMode::kAuto, kMin), HugePages::kAdvised);
+  others(0, 63);
+  EXPECT_EQ(hp.prepare(a.data, a.bytes, HugePageMode::kAuto, kMin), HugePages::kCollapsed);
+  EXPECT_TRUE(a.holds(2));
+  // After 64 others: forgotten, a first sighting again.
+  Mapping b(4 * kMiB);
+  b.fill(3);
+  EXPECT_EQ(hp.prepare(b.data, b.bytes, HugePageMode::kAuto, kMin), HugePages::kAdvised);
+  others(63, 64);
+  EXPECT_EQ(hp.prepare(b.data, b.bytes, HugePageMode::kAuto, kMin), HugePages::kAdvised);
+  EXPECT_EQ(hp.prepare(b.data, b.bytes, HugePageMode::kAuto, kMin), HugePages::kCollapsed);
+  EXPECT_TRUE(b.holds(3));
+}
+
+SMDDP_TEST(a_replaced_buffer_stays_known_among_many_others) {
+  HugePages hp;
+  if (!kernelHelps(hp, "a_replaced_buffer_stays_known_among_many_others") || thpAlways()) {
+    return;
   }
-  // Forgotten: a first sighting again, so no collapse yet.
-  EXPECT_EQ(hp.prepare(first.data, first.bytes, HugePageMode::kAuto, kMin), HugePages::kAdvised);
-  EXPECT_EQ(hp.prepare(first.data, first.bytes, HugePageMode::kAuto, kMin), HugePages::kCollapsed);
-  EXPECT_TRUE(first.holds(2));
+  Mapping m(4 * kMiB);
+  m.fill(1);
+  EXPECT_EQ(hp.prepare(m.data, m.bytes, HugePageMode::kAuto, kMin), HugePages::kAdvised);
+  EXPECT_EQ(hp.prepare(m.data, m.bytes, HugePageMode::kAuto, kMin), HugePages::kCollapsed);
+  m.replace();
+  m.fill(2);
+  EXPECT_EQ(hp.prepare(m.data, m.bytes, HugePageMode::kAuto, kMin), HugePages::kAdvised);
+  // A step that uses the buffer twice among more other buffers than the
+  // table holds: were the replaced one forgotten, each step would see it
+  // anew and collapse it on its second use, a copy per step.
+  Mapping many(100 * 4 * kMiB);
+  for (int step = 0; step < 2; ++step) {
+    for (int i = 0; i < 100; ++i) {
+      hp.prepare(many.data + static_cast<size_t>(i) * 4 * kMiB, 4 * kMiB, HugePageMode::kAuto, kMin);
+    }
+    m.replace();
+    m.fill(static_cast<uint8_t>(3 + step));
+    EXPECT_EQ(hp.prepare(m.data, m.bytes, HugePageMode::kAuto, kMin), HugePages::kAdvised);
+    EXPECT_EQ(hp.prepare(m.data, m.bytes, HugePageMode::kAuto, kMin), HugePages::kAdvised);
+    EXPECT_TRUE(m.holds(static_cast<uint8_t>(3 + step)));
+  }
+}
+
+SMDDP_TEST(a_process_that_disabled_huge_pages_is_left_alone) {
+  const pid_t pid = ::fork();
+  if (pid == 0) {
+    if (::prctl(PR_SET_THP_DISABLE, 1, 0, 0, 0) != 0) {
+      ::_exit(0); // nothing to check without the prctl
+    }
+    HugePages hp;
+    Mapping m(8 * kMiB);
+    m.fill(6);
+    bool ok = hp.prepare(m.data, m.bytes, HugePageMode::kAuto, kMin) == HugePages::kNone &&
+        hp.prepare(m.data, m.bytes, HugePageMode::kAuto, kMin) == HugePages::kNone && m.holds(6) &&
+        ::prctl(PR_GET_THP_DISABLE, 0, 0, 0, 0) == 1;
+    ::_exit(ok ? 0 : 1);
+  }
+  int status = 0;
+  EXPECT_EQ(::waitpid(pid, &status, 0), pid);
+  EXPECT_TRUE(WIFEXITED(status));
+  EXPECT_EQ(WEXITSTATUS(status), 0);
 }
 
 SMDDP_TEST(a_forked_child_reads_its_own_page_tables) {
