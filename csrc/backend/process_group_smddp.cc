@@ -569,10 +569,12 @@ c10::intrusive_ptr<::c10d::Work> ProcessGroupSMDDP::submitOnHost(
       op_type, name, outputs, inputs, async_op, n,
       [this, calls = std::move(calls), inputs, outputs, layout = std::move(layout)](
           uint64_t seq, const Deadline& deadline) {
-        layout.copyIn();
+        // Before copyIn: the flat copies it writes are fresh, and the advice
+        // gives them huge pages as they are written.
         for (const algorithm::OpArgs& a : calls) {
           prepareHostMemory(a);
         }
+        layout.copyIn();
         for (size_t i = 0; i < calls.size(); ++i) {
           algorithm::OpArgs a = calls[i];
           a.seq = seq + i;
@@ -884,6 +886,7 @@ c10::intrusive_ptr<::c10d::Work> ProcessGroupSMDDP::allgather(
             opArgs(CollectiveKind::kAllGather, moveSpec(m.dtype), src.data_ptr(), flat.data_ptr(), m.count);
         a.seq = seq;
         a.deadline = deadline;
+        prepareHostMemory(a);
         communicator_->allGather(a);
         for (size_t r = 0; r < outs.size(); ++r) {
           outs[r].copy_(flat.narrow(0, static_cast<int64_t>(r) * block, outs[r].numel()).view(outs[r].sizes()));
@@ -937,6 +940,7 @@ c10::intrusive_ptr<::c10d::Work> ProcessGroupSMDDP::allgather_coalesced(
               opArgs(CollectiveKind::kAllGather, moveSpec(m.dtype), src.data_ptr(), flat.data_ptr(), m.count);
           a.seq = seq + i;
           a.deadline = deadline;
+          prepareHostMemory(a);
           communicator_->allGather(a);
           for (size_t r = 0; r < outputs.size(); ++r) {
             outputs[r][i].copy_(flat.narrow(0, static_cast<int64_t>(r) * src.numel(), src.numel())
@@ -1042,6 +1046,7 @@ c10::intrusive_ptr<::c10d::Work> ProcessGroupSMDDP::reduce_scatter(
             CollectiveKind::kReduceScatter, spec, flat.data_ptr(), res.data_ptr(), static_cast<size_t>(block));
         a.seq = seq;
         a.deadline = deadline;
+        prepareHostMemory(a);
         communicator_->reduceScatter(a);
         if (!direct) {
           out.copy_(res.narrow(0, 0, out.numel()).view(out.sizes()));
