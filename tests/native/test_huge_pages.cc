@@ -9,8 +9,6 @@
 
 #include <sys/mman.h>
 #include <sys/prctl.h>
-#include <sys/wait.h>
-#include <unistd.h>
 
 #include "common/huge_pages.h"
 #include "harness.h"
@@ -214,23 +212,19 @@ SMDDP_TEST(a_replaced_buffer_stays_known_among_many_others) {
 }
 
 SMDDP_TEST(a_process_that_disabled_huge_pages_is_left_alone) {
-  const pid_t pid = ::fork();
-  if (pid == 0) {
+  // In a child: the prctl lasts for the rest of the process.
+  test::runRanks(1, [](int) {
     if (::prctl(PR_SET_THP_DISABLE, 1, 0, 0, 0) != 0) {
-      ::_exit(0); // nothing to check without the prctl
+      return; // nothing to check without the prctl
     }
+    EXPECT_EQ(::prctl(PR_GET_THP_DISABLE, 0, 0, 0, 0), 1);
     HugePages hp;
     Mapping m(8 * kMiB);
     m.fill(6);
-    bool ok = hp.prepare(m.data, m.bytes, HugePageMode::kAuto, kMin) == HugePages::kNone &&
-        hp.prepare(m.data, m.bytes, HugePageMode::kAuto, kMin) == HugePages::kNone && m.holds(6) &&
-        ::prctl(PR_GET_THP_DISABLE, 0, 0, 0, 0) == 1;
-    ::_exit(ok ? 0 : 1);
-  }
-  int status = 0;
-  EXPECT_EQ(::waitpid(pid, &status, 0), pid);
-  EXPECT_TRUE(WIFEXITED(status));
-  EXPECT_EQ(WEXITSTATUS(status), 0);
+    EXPECT_EQ(hp.prepare(m.data, m.bytes, HugePageMode::kAuto, kMin), HugePages::kNone);
+    EXPECT_EQ(hp.prepare(m.data, m.bytes, HugePageMode::kAuto, kMin), HugePages::kNone);
+    EXPECT_TRUE(m.holds(6));
+  });
 }
 
 SMDDP_TEST(a_forked_child_reads_its_own_page_tables) {
@@ -239,19 +233,14 @@ SMDDP_TEST(a_forked_child_reads_its_own_page_tables) {
     return;
   }
   EXPECT_TRUE(!hp.isHuge(nullptr, 0)); // opens the parent's pagemap
-  const pid_t pid = ::fork();
-  if (pid == 0) {
+  test::runRanks(1, [&](int) {
     // The parent has nothing at this address: a scan of the parent's page
     // tables would find no 4 KiB page there and call the range huge.
     Mapping m(8 * kMiB);
     m.fill(4);
-    bool ok = hp.prepare(m.data, m.bytes, HugePageMode::kAuto, kMin) == HugePages::kAdvised &&
-        hp.prepare(m.data, m.bytes, HugePageMode::kAuto, kMin) == HugePages::kCollapsed &&
-        hp.isHuge(m.data, m.bytes) && m.holds(4);
-    ::_exit(ok ? 0 : 1);
-  }
-  int status = 0;
-  EXPECT_EQ(::waitpid(pid, &status, 0), pid);
-  EXPECT_TRUE(WIFEXITED(status));
-  EXPECT_EQ(WEXITSTATUS(status), 0);
+    EXPECT_EQ(hp.prepare(m.data, m.bytes, HugePageMode::kAuto, kMin), HugePages::kAdvised);
+    EXPECT_EQ(hp.prepare(m.data, m.bytes, HugePageMode::kAuto, kMin), HugePages::kCollapsed);
+    EXPECT_TRUE(hp.isHuge(m.data, m.bytes));
+    EXPECT_TRUE(m.holds(4));
+  });
 }
