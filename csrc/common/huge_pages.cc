@@ -49,6 +49,22 @@ struct PmScanArg {
 constexpr uint64_t kPageIsHuge = uint64_t{1} << 6;
 constexpr unsigned long kPagemapScan = _IOWR('f', 16, PmScanArg);
 
+// `cached` (-1: not yet) or probe() once; the probe runs outside `mu`, since
+// the collapse probe takes it itself (isHuge).
+template <typename F>
+bool probeOnce(std::mutex& mu, int& cached, F probe) {
+  {
+    std::lock_guard<std::mutex> lock(mu);
+    if (cached >= 0) {
+      return cached == 1;
+    }
+  }
+  const bool ok = probe();
+  std::lock_guard<std::mutex> lock(mu);
+  cached = ok ? 1 : 0;
+  return ok;
+}
+
 } // namespace
 
 HugePages::HugePages() = default;
@@ -73,27 +89,21 @@ HugePages& HugePages::process() {
 }
 
 bool HugePages::allowed() {
-  {
-    std::lock_guard<std::mutex> lock(mu_);
-    if (allowed_ >= 0) {
-      return allowed_ == 1;
+  return probeOnce(mu_, allowed_, [] {
+    // The host's and the process's own choices come first: MADV_COLLAPSE
+    // ignores THP's "never", and MADV_HUGEPAGE would lift the process's
+    // PR_SET_THP_DISABLE.
+    std::string setting;
+    std::ifstream f("/sys/kernel/mm/transparent_hugepage/enabled");
+    std::getline(f, setting);
+    const bool process_disabled = ::prctl(PR_GET_THP_DISABLE, 0, 0, 0, 0) == 1;
+    const bool ok = !setting.empty() && setting.find("[never]") == std::string::npos && !process_disabled;
+    if (!ok) {
+      SMDDP_LOG(kDebug, "huge pages: off (transparent huge pages '", setting, "', disabled for this process: ",
+                process_disabled ? "yes" : "no", ")");
     }
-  }
-  // The host's and the process's own choices come first: MADV_COLLAPSE
-  // ignores THP's "never", and MADV_HUGEPAGE would lift the process's
-  // PR_SET_THP_DISABLE.
-  std::string setting;
-  std::ifstream f("/sys/kernel/mm/transparent_hugepage/enabled");
-  std::getline(f, setting);
-  const bool ok = !setting.empty() && setting.find("[never]") == std::string::npos &&
-      ::prctl(PR_GET_THP_DISABLE, 0, 0, 0, 0) == 0;
-  if (!ok) {
-    SMDDP_LOG(kDebug, "huge pages: off (transparent huge pages '", setting, "', disabled for this process: ",
-              ::prctl(PR_GET_THP_DISABLE, 0, 0, 0, 0) == 1 ? "yes" : "no", ")");
-  }
-  std::lock_guard<std::mutex> lock(mu_);
-  allowed_ = ok ? 1 : 0;
-  return ok;
+    return ok;
+  });
 }
 
 int HugePages::pagemapFd() {
@@ -142,27 +152,21 @@ bool HugePages::isHuge(const void* p, size_t bytes) {
 }
 
 bool HugePages::canCollapse() {
-  {
-    std::lock_guard<std::mutex> lock(mu_);
-    if (can_collapse_ >= 0) {
-      return can_collapse_ == 1;
+  return probeOnce(mu_, can_collapse_, [this] {
+    bool ok = false;
+    // One aligned huge page of a scratch mapping: does the kernel collapse
+    // it, and does PAGEMAP_SCAN then see it?
+    void* map = ::mmap(nullptr, 2 * kHuge, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+    if (map != MAP_FAILED) {
+      auto* page = reinterpret_cast<uint8_t*>((reinterpret_cast<uintptr_t>(map) + kHuge - 1) & ~(kHuge - 1));
+      page[0] = 1;
+      ok = ::madvise(page, kHuge, kMadvCollapse) == 0 && isHuge(page, kHuge);
+      ::munmap(map, 2 * kHuge);
     }
-  }
-  bool ok = false;
-  // One aligned huge page of a scratch mapping: does the kernel collapse it,
-  // and does PAGEMAP_SCAN then see it?
-  void* map = ::mmap(nullptr, 2 * kHuge, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
-  if (map != MAP_FAILED) {
-    auto* page = reinterpret_cast<uint8_t*>((reinterpret_cast<uintptr_t>(map) + kHuge - 1) & ~(kHuge - 1));
-    page[0] = 1;
-    ok = ::madvise(page, kHuge, kMadvCollapse) == 0 && isHuge(page, kHuge);
-    ::munmap(map, 2 * kHuge);
-  }
-  SMDDP_LOG(kDebug, "huge pages: ", ok ? "collapse and PAGEMAP_SCAN available"
-                                       : "no MADV_COLLAPSE or PAGEMAP_SCAN here; advice only");
-  std::lock_guard<std::mutex> lock(mu_);
-  can_collapse_ = ok ? 1 : 0;
-  return ok;
+    SMDDP_LOG(kDebug, "huge pages: ", ok ? "collapse and PAGEMAP_SCAN available"
+                                         : "no MADV_COLLAPSE or PAGEMAP_SCAN here; advice only");
+    return ok;
+  });
 }
 
 HugePages::Range& HugePages::lookup(uintptr_t begin, uintptr_t end, bool* seen) {
