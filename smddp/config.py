@@ -49,10 +49,11 @@ KNOBS: tuple[Knob, ...] = (
          "path is used (AllReduce: at least 128K per rank); auto: 32K, or 1M when the host's "
          "ranks outnumber its CPUs."),
     Knob("SMDDP_PIPELINE", True, "choice", "auto", "auto|on|off",
-         "Hierarchical AllGather/ReduceScatter: run the rail and node stages at once, chunk by "
-         "chunk, on two threads (on) or one after the other on the calling thread (off); auto: "
-         "pipelined when a block exceeds SMDDP_CHUNK_BYTES or a rail's data 512K, unless the "
-         "host's ranks outnumber its CPUs."),
+         "Hierarchical AllGather/ReduceScatter/AllReduce: run the rail and node stages at once, "
+         "chunk by chunk, on two threads (on) or one after the other on the calling thread "
+         "(off); auto: pipelined when a block of the rail exceeds SMDDP_CHUNK_BYTES or a rail's "
+         "data 512K, unless the host's ranks outnumber its CPUs (AllReduce: on its single-copy "
+         "path)."),
     Knob("SMDDP_SHM_SLOT_BYTES", True, "bytes", "1M", "4K..1G",
          "Staging buffer of each rank in the node's shared-memory segment."),
     Knob("SMDDP_SPIN_US", False, "autoint", "auto", "0..1000000",

@@ -544,6 +544,12 @@ void HierarchicalCommunicator::allReduce(const OpArgs& args) {
   const int l = topo_.myLocalRank();
   const size_t es = args.elemSize();
   const Slices slices{args.count, static_cast<size_t>(L)};
+  // The rail's blocks are the N sub-slices of a slice (the first the largest).
+  const size_t rail_block = Slices{slices.size(0), static_cast<size_t>(N)}.size(0) * es;
+  if (!sequential(rail_block)) {
+    allReducePipelined(args);
+    return;
+  }
   auto* out = static_cast<uint8_t*>(args.out);
   uint8_t* mine = out + slices.begin(static_cast<size_t>(l)) * es;
 
@@ -565,6 +571,131 @@ void HierarchicalCommunicator::allReduce(const OpArgs& args) {
     arena_->readFrom(peer, out + off, arena_->peerDesc(peer, args.seq).out_addr + off,
                      slices.size(static_cast<size_t>(peer)) * es);
   }
+  node_->round(args.deadline);
+}
+
+void HierarchicalCommunicator::allReducePipelined(const OpArgs& args) {
+  const int N = topo_.numNodes();
+  const int L = topo_.localSize();
+  const int n = topo_.myNode();
+  const int l = topo_.myLocalRank();
+  const size_t es = args.elemSize();
+  const Slices slices{args.count, static_cast<size_t>(L)};
+  const auto* in = static_cast<const uint8_t*>(args.in);
+  auto* out = static_cast<uint8_t*>(args.out);
+  const size_t my_begin = slices.begin(static_cast<size_t>(l)) * es;
+  uint8_t* mine = out + my_begin;
+  // My slice as the rail ring sees it: N sub-slices, the ring's blocks.
+  const Slices sub{slices.size(static_cast<size_t>(l)), static_cast<size_t>(N)};
+  std::vector<size_t> counts(static_cast<size_t>(N));
+  std::vector<size_t> offsets(static_cast<size_t>(N));
+  std::vector<size_t> sizes(static_cast<size_t>(N));
+  for (size_t m = 0; m < static_cast<size_t>(N); ++m) {
+    counts[m] = sub.size(m);
+    offsets[m] = sub.begin(m) * es;
+    sizes[m] = counts[m] * es;
+  }
+  // Chunks as the ring cuts them: its ReduceScatter in whole elements, its
+  // AllGather in bytes.
+  const size_t rs_chunk = std::max<size_t>(1, config_.chunk_bytes / es) * es;
+  const size_t rs_chunks = ringChunks(sizes[0], rs_chunk);
+  const size_t ag_chunk = config_.chunk_bytes;
+
+  transport::OpDesc& desc = arena_->myDesc(args.seq);
+  node_->openCall(args, NodeCollectives::kSingleCopy);
+  desc.aux = arena_->progress();
+  node_->round(args.deadline);
+  node_->verifyDescs(args);
+  const uint32_t base = static_cast<uint32_t>(desc.aux);
+
+  // The node stage reduces my slice into place; the rail takes its chunks
+  // in the order its ReduceScatter consumes them: sub-slice n-1 first, then
+  // n-2, ..., then n.
+  Contributions contrib;
+  contrib.base = mine;
+  contrib.offsets = offsets;
+  partials_ready_.store(0);
+  auto order = [&](int m) { return static_cast<uint64_t>(mod(n - 1 - m, N)); };
+  contrib.ready = [&](int m, size_t c) {
+    return partials_ready_.load(std::memory_order_acquire) >= order(m) * rs_chunks + c + 1;
+  };
+
+  // Progress units, as every rank of the node counts them for its own
+  // slice: the chunks of its rail block (final when the rail's
+  // ReduceScatter returns), then the chunks of the AllGather as they land.
+  auto rail_stage = [&] {
+    const Ring ring = railRing(args, true);
+    const transport::MessageTag tag = messageTag(args);
+    ringReduceScatter(
+        ring, args.reduce, contrib, mine + offsets[static_cast<size_t>(n)], counts, false, true, tag, args.deadline,
+        &ring_scratch_);
+    const uint32_t own = static_cast<uint32_t>(ringChunks(sizes[0], ag_chunk));
+    arena_->postProgress(base + own);
+    ringAllGather(ring, mine, offsets, sizes, tag, args.deadline,
+                  [&](uint64_t u) { arena_->postProgress(base + own + static_cast<uint32_t>(u) + 1); });
+  };
+
+  auto node_stage = [&] {
+    for (int j = 0; j < N; ++j) {
+      const int m = mod(n - 1 - j, N);
+      for (size_t c = 0; c < rs_chunks; ++c) {
+        const size_t len = chunkLen(sizes[static_cast<size_t>(m)], rs_chunk, c);
+        const size_t off = offsets[static_cast<size_t>(m)] + c * rs_chunk;
+        if (len > 0) {
+          // PREMUL_SUM scales here; AVG divides at the rail's end.
+          node_->reduceFromPeers(args, in, my_begin + off, len / es, mine + off, true, false);
+        }
+        partials_ready_.store(static_cast<uint64_t>(j) * rs_chunks + c + 1, std::memory_order_release);
+        wakeRail();
+      }
+    }
+    // Each peer's slice, unit by unit as its rail finalizes it. Reading a
+    // unit of peer p into my output also waits until p has read its slice
+    // of my input (which an in-place call overwrites here): p reduced all
+    // of it before its rail could end its ReduceScatter.
+    struct Peer {
+      int local;
+      size_t begin;
+      Slices sub;
+      size_t chunks;
+      uint32_t base;
+      uint64_t addr;
+    };
+    std::vector<Peer> peers;
+    uint64_t units = 0;
+    for (int k = 1; k < L; ++k) {
+      const int p = (l + k) % L;
+      const Slices ps{slices.size(static_cast<size_t>(p)), static_cast<size_t>(N)};
+      const transport::OpDesc& d = arena_->peerDesc(p, args.seq);
+      peers.push_back({p, slices.begin(static_cast<size_t>(p)) * es, ps, ringChunks(ps.size(0) * es, ag_chunk),
+                       static_cast<uint32_t>(d.aux), d.out_addr});
+      units = std::max<uint64_t>(units, static_cast<uint64_t>(N) * peers.back().chunks);
+    }
+    for (uint64_t u = 0; u < units; ++u) {
+      for (const Peer& p : peers) {
+        if (u >= static_cast<uint64_t>(N) * p.chunks) {
+          continue;
+        }
+        // Unit u: a chunk of the rail block (same node index n as mine),
+        // then chunk c of the block the AllGather's step s brings.
+        int m = n;
+        size_t c = u;
+        if (u >= p.chunks) {
+          const uint64_t v = u - p.chunks;
+          m = mod(n - static_cast<int>(v / p.chunks) - 1, N);
+          c = v % p.chunks;
+        }
+        arena_->waitProgress(p.local, p.base + static_cast<uint32_t>(u) + 1, args.deadline);
+        const size_t len = chunkLen(p.sub.size(static_cast<size_t>(m)) * es, ag_chunk, c);
+        if (len > 0) {
+          const size_t off = p.begin + p.sub.begin(static_cast<size_t>(m)) * es + c * ag_chunk;
+          arena_->readFrom(p.local, out + off, p.addr + off, len);
+        }
+      }
+    }
+  };
+  runStages(rail_stage, node_stage);
+  // Nobody returns while a peer may still read its output.
   node_->round(args.deadline);
 }
 

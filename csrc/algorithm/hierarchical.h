@@ -24,6 +24,13 @@
 //   ReduceScatter  each chunk of node partials is handed to the rail (an
 //                  eventfd wakes it) as soon as it is reduced, in the order
 //                  the rail ring consumes them.
+//   AllReduce      both at once: the chunks of my slice go to the rail's
+//                  ReduceScatter as they are reduced over the node, and the
+//                  node peers read each chunk of the result as the rail's
+//                  AllGather lands it (or, for my rail block, as its
+//                  ReduceScatter ends). The rail sends the same messages
+//                  as on the one-after-the-other path below, so rail peers
+//                  on hosts that chose differently still agree.
 // Small messages (one chunk per block, a rail's data up to 512K), and every
 // message when the host's ranks outnumber its CPUs (the second thread has no
 // core to overlap on), run both stages on the calling thread, one after the
@@ -122,6 +129,7 @@ class HierarchicalCommunicator : public Communicator {
   void wakeRail();
   void allGatherPipelined(const OpArgs& args);
   void reduceScatterPipelined(const OpArgs& args);
+  void allReducePipelined(const OpArgs& args);
   void allGatherSequential(const OpArgs& args);
   void reduceScatterSequential(const OpArgs& args);
   // AllReduce of up to a slot, through the staging slots.

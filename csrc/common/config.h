@@ -57,11 +57,11 @@ constexpr size_t kAutoBytes = static_cast<size_t>(-1);
     "single-copy path is used (AllReduce: at least 128K per rank); auto: 32K, "\
     "or 1M when the host's ranks outnumber its CPUs.")                         \
   X(pipeline, "SMDDP_PIPELINE", true, choice, "auto", "auto|on|off",                 \
-    "Hierarchical AllGather/ReduceScatter: run the rail and node stages at "   \
-    "once, chunk by chunk, on two threads (on) or one after the other on the " \
-    "calling thread (off); auto: pipelined when a block exceeds "              \
-    "SMDDP_CHUNK_BYTES or a rail's data 512K, unless the host's ranks "        \
-    "outnumber its CPUs.")                                                     \
+    "Hierarchical AllGather/ReduceScatter/AllReduce: run the rail and node "   \
+    "stages at once, chunk by chunk, on two threads (on) or one after the "    \
+    "other on the calling thread (off); auto: pipelined when a block of the "  \
+    "rail exceeds SMDDP_CHUNK_BYTES or a rail's data 512K, unless the host's " \
+    "ranks outnumber its CPUs (AllReduce: on its single-copy path).")          \
   X(shm_slot_bytes, "SMDDP_SHM_SLOT_BYTES", true, bytes, "1M", "4K..1G",             \
     "Staging buffer of each rank in the node's shared-memory segment.")        \
   X(spin_us, "SMDDP_SPIN_US", false, autoint, "auto", "0..1000000",                   \

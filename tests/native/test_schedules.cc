@@ -1,8 +1,8 @@
 // The multi-node schedules (hierarchical and flat ring) over emulated nodes:
 // forked ranks, a real arena per node and real sockets on loopback. Every
-// op (AllGather and ReduceScatter also in place), several shapes and sizes,
-// exact results (integer-valued floats), and both schedules give the same
-// bits on integers.
+// op (AllGather, ReduceScatter and AllReduce, each in place and not),
+// several shapes and sizes, exact results (integer-valued floats), and both
+// schedules give the same bits on integers.
 #include <algorithm>
 #include <cstdio>
 #include <cstring>
@@ -135,6 +135,25 @@ bool runOps(int rank, int world, algorithm::Communicator& comm, uint64_t& seq) {
         }
         if (t[i] != want) {
           bad(str("allreduce n=", n, " elem ", i, ": ", t[i], " vs ", want));
+          break;
+        }
+      }
+    }
+    {  // AllReduce AVG out of place
+      std::vector<float> in(n), out(n, -1.f);
+      for (size_t i = 0; i < n; ++i) {
+        in[i] = value(rank, i);
+      }
+      comm.allReduce(opArgs(CollectiveKind::kAllReduce, {DataType::kFloat32, ReduceOp::kAvg, 1.0, static_cast<double>(world)},
+                            in.data(), out.data(), n, seq, dl));
+      for (size_t i = 0; i < n; ++i) {
+        float want = 0;
+        for (int r = 0; r < world; ++r) {
+          want += value(r, i);
+        }
+        want /= static_cast<float>(world);
+        if (std::abs(out[i] - want) > 1e-3f * std::abs(want) || in[i] != value(rank, i)) {
+          bad(str("allreduce avg n=", n, " elem ", i, ": ", out[i], " vs ", want, " (input now ", in[i], ")"));
           break;
         }
       }
