@@ -404,6 +404,18 @@ void HierarchicalCommunicator::reduceScatterPipelined(const OpArgs& args) {
 
 // ------------------------------------------------------------ small messages
 
+bool HierarchicalCommunicator::foldsOwnBlock(const ReduceSpec& spec) {
+  // The fold adds the other nodes' sum after the node's inputs instead of
+  // before their reduced partial: the same bits where the accumulator is
+  // the storage type and the operation commutes bit for bit (not half
+  // types, which would round once less; not MIN/MAX, whose choice between
+  // -0 and +0 follows the order; not PREMUL_SUM, whose factor applies to
+  // raw inputs only). Results stay those of the pipelined path.
+  const bool half = spec.dtype == DataType::kFloat16 || spec.dtype == DataType::kBFloat16;
+  const bool commutes = spec.op == ReduceOp::kSum || spec.op == ReduceOp::kAvg || spec.op == ReduceOp::kProduct;
+  return !half && commutes;
+}
+
 bool HierarchicalCommunicator::sequential(size_t block_bytes) const {
   if (config_.pipeline != Tristate::kAuto) {
     return config_.pipeline == Tristate::kOff;
@@ -507,6 +519,28 @@ void HierarchicalCommunicator::reduceScatterSequential(const OpArgs& args) {
   node_->openCall(args, single ? NodeCollectives::kSingleCopy : NodeCollectives::kStaged);
   // Node stage: partial m = the node's contributions to block m of my rail,
   // reduced in local rank order (as the pipelined path does).
+  if (single && foldsOwnBlock(args.reduce)) {
+    node_->round(args.deadline);
+    node_->verifyDescs(args);
+    const int n = topo_.myNode();
+    for (int m = 0; m < N; ++m) {
+      if (m != n) {
+        node_->reduceFromPeers(args, in, block(me, m) * b, args.count, partials + static_cast<size_t>(m) * b, true,
+                               false);
+      }
+    }
+    // My own block skips the partial: the rail's last step reduces the
+    // node's inputs and the other nodes' sum straight into the output. No
+    // peer reads my block of my input (an in-place output), but I read my
+    // block of theirs until the rail ends: nobody returns before then.
+    Contributions folded = contrib;
+    folded.finish = [&](void* dst, const void* part, size_t offset, size_t count) {
+      node_->reduceFromPeers(args, in, block(me, n) * b + offset, count, dst, true, true, part);
+    };
+    railStage([&] { railReduceScatter(args, folded, false, false); });
+    node_->round(args.deadline);
+    return;
+  }
   if (single) {
     node_->round(args.deadline);
     node_->verifyDescs(args);

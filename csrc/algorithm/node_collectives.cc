@@ -215,16 +215,18 @@ void NodeCollectives::reduceFromPeers(
     size_t n,
     void* dst,
     bool raw,
-    bool finalize) {
+    bool finalize,
+    const void* extra) {
   const size_t es = args.elemSize();
   const int L = localSize();
   const int me = localRank();
+  const int nsrc = L + (extra != nullptr ? 1 : 0);
   // Per-peer chunks small enough that all of them stay in the L2 cache.
   const size_t per_peer = std::clamp<size_t>(
       (size_t{1} << 20) / static_cast<size_t>(L - 1), 64 << 10, 256 << 10);
   const size_t chunk = std::max<size_t>(1, per_peer / es);
   uint8_t* buf = scratch(static_cast<size_t>(L) * chunk * es);
-  std::vector<const void*>& srcs = sources(L);
+  std::vector<const void*>& srcs = sources(nsrc);
   auto* d = static_cast<uint8_t*>(dst);
   for (size_t off = 0; off < n; off += chunk) {
     const size_t m = std::min(chunk, n - off);
@@ -238,7 +240,10 @@ void NodeCollectives::reduceFromPeers(
         srcs[l] = tmp;
       }
     }
-    reduce(args.reduce, d + off * es, srcs.data(), L, m, raw, finalize);
+    if (extra != nullptr) {
+      srcs[static_cast<size_t>(L)] = static_cast<const uint8_t*>(extra) + off * es;
+    }
+    reduce(args.reduce, d + off * es, srcs.data(), nsrc, m, raw, finalize);
   }
 }
 

@@ -84,7 +84,8 @@ class NodeCollectives {
   void round(const Deadline& deadline);
   // Reduces `n` elements at byte `offset_bytes` of every rank's input (peers
   // read through single-copy from the address in their descriptor) into
-  // dst, in local rank order.
+  // dst, in local rank order, then `extra` (n elements, a partial result
+  // from elsewhere) if given. dst may be my_in + offset_bytes or extra.
   void reduceFromPeers(
       const OpArgs& args,
       const uint8_t* my_in,
@@ -92,7 +93,8 @@ class NodeCollectives {
       size_t n,
       void* dst,
       bool raw,
-      bool finalize);
+      bool finalize,
+      const void* extra = nullptr);
   // Staged ReduceScatter in which every local rank takes `blocks` blocks:
   // block m of local rank j starts at element block_of(j, m) * args.count of
   // each input. Reduces my blocks, in local rank order, into dst (block m at

@@ -32,7 +32,8 @@ struct ReduceSpec {
 // raw:      the sources are inputs of the collective (PREMUL_SUM scales them)
 //           rather than partial results.
 // finalize: apply AVG's division (the last step of a reduction).
-// dst may be src[0]; otherwise it must not overlap any source.
+// dst may be any of the sources (every element is read from each source
+// before it is written); it must not overlap one only in part.
 void reduce(
     const ReduceSpec& spec,
     void* dst,

@@ -115,6 +115,7 @@ void ringReduceScatter(
   const size_t es = elementSize(spec.dtype);
   auto* dst = static_cast<uint8_t*>(out);
   if (n == 1) {
+    SMDDP_ASSERT(!contrib.finish, "a ring of one member has nothing to finish");
     const void* src[1] = {contrib.base + contrib.offsets[0]};
     reduce(spec, dst, src, 1, counts[0], raw, finalize);
     return;
@@ -156,16 +157,21 @@ void ringReduceScatter(
       const int s = static_cast<int>(processed / C);
       const size_t c = processed % C;
       const int m = mod(r - s - 2, n);
-      if (!ready(m, c)) {
+      const bool own_finish = s == n - 2 && contrib.finish;
+      if (!own_finish && !ready(m, c)) {
         break;
       }
       const size_t len = chunkLen(bytes[m], chunk, c);
       uint8_t* part = tmp + static_cast<size_t>(s) * maxb + c * chunk;
-      const void* srcs[2] = {part, contrib.base + contrib.offsets[m] + c * chunk};
-      if (s < n - 2) {
-        reduce(add, part, srcs, 2, len / es, false, false);
+      if (own_finish) {
+        contrib.finish(dst + c * chunk, part, c * chunk, len / es);
       } else {
-        reduce(add, dst + c * chunk, srcs, 2, len / es, false, finalize && !scale_after);
+        const void* srcs[2] = {part, contrib.base + contrib.offsets[m] + c * chunk};
+        if (s < n - 2) {
+          reduce(add, part, srcs, 2, len / es, false, false);
+        } else {
+          reduce(add, dst + c * chunk, srcs, 2, len / es, false, finalize && !scale_after);
+        }
       }
       ++processed;
       moved = true;
