@@ -404,18 +404,6 @@ void HierarchicalCommunicator::reduceScatterPipelined(const OpArgs& args) {
 
 // ------------------------------------------------------------ small messages
 
-bool HierarchicalCommunicator::foldsOwnBlock(const ReduceSpec& spec) {
-  // The fold adds the other nodes' sum after the node's inputs instead of
-  // before their reduced partial: the same bits where the accumulator is
-  // the storage type and the operation commutes bit for bit (not half
-  // types, which would round once less; not MIN/MAX, whose choice between
-  // -0 and +0 follows the order; not PREMUL_SUM, whose factor applies to
-  // raw inputs only). Results stay those of the pipelined path.
-  const bool half = spec.dtype == DataType::kFloat16 || spec.dtype == DataType::kBFloat16;
-  const bool commutes = spec.op == ReduceOp::kSum || spec.op == ReduceOp::kAvg || spec.op == ReduceOp::kProduct;
-  return !half && commutes;
-}
-
 bool HierarchicalCommunicator::sequential(size_t block_bytes) const {
   if (config_.pipeline != Tristate::kAuto) {
     return config_.pipeline == Tristate::kOff;
@@ -507,7 +495,7 @@ void HierarchicalCommunicator::reduceScatterSequential(const OpArgs& args) {
   const size_t es = args.elemSize();
   const size_t b = args.count * es;
   const auto* in = static_cast<const uint8_t*>(args.in);
-  const Contributions contrib = partialContributions(b);
+  Contributions contrib = partialContributions(b);
   uint8_t* partials = partials_.data();
   // Block m of local rank p's rail: the block of node m's local rank p.
   auto block = [&](int p, int m) {
@@ -519,7 +507,7 @@ void HierarchicalCommunicator::reduceScatterSequential(const OpArgs& args) {
   node_->openCall(args, single ? NodeCollectives::kSingleCopy : NodeCollectives::kStaged);
   // Node stage: partial m = the node's contributions to block m of my rail,
   // reduced in local rank order (as the pipelined path does).
-  if (single && foldsOwnBlock(args.reduce)) {
+  if (single) {
     node_->round(args.deadline);
     node_->verifyDescs(args);
     const int n = topo_.myNode();
@@ -529,30 +517,20 @@ void HierarchicalCommunicator::reduceScatterSequential(const OpArgs& args) {
                                false);
       }
     }
-    // My own block skips the partial: the rail's last step reduces the
-    // node's inputs and the other nodes' sum straight into the output. No
-    // peer reads my block of my input (an in-place output), but I read my
-    // block of theirs until the rail ends: nobody returns before then.
-    Contributions folded = contrib;
-    folded.finish = [&](void* dst, const void* part, size_t offset, size_t count) {
+    // My own block skips the partial in memory: the rail's last step reduces
+    // the node's inputs chunk by chunk, through the cache, and combines each
+    // chunk with the other nodes' sum straight into the output, in the same
+    // operations as with the partial (the same bits). No peer reads my block
+    // of my input (an in-place output), but I read my block of theirs until
+    // the rail ends: nobody returns before then.
+    contrib.finish = [&](void* dst, const void* part, size_t offset, size_t count) {
       node_->reduceFromPeers(args, in, block(me, n) * b + offset, count, dst, true, true, part);
     };
-    railStage([&] { railReduceScatter(args, folded, false, false); });
+    railStage([&] { railReduceScatter(args, contrib, false, false); });
     node_->round(args.deadline);
     return;
   }
-  if (single) {
-    node_->round(args.deadline);
-    node_->verifyDescs(args);
-    for (int m = 0; m < N; ++m) {
-      node_->reduceFromPeers(args, in, block(me, m) * b, args.count, partials + static_cast<size_t>(m) * b, true,
-                             false);
-    }
-    // The peers' inputs are read; an in-place output may now change.
-    node_->round(args.deadline);
-  } else {
-    node_->reduceScatterStagedBlocks(args, N, block, partials, false);
-  }
+  node_->reduceScatterStagedBlocks(args, N, block, partials, false);
   railStage([&] { railReduceScatter(args, contrib, false, false); });
 }
 

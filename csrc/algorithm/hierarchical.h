@@ -12,9 +12,9 @@
 //     node    0: a0+a1, c0+c1   1: b0+b1, d0+d1   2: a2+a3, c2+c3   3: ...
 //     rails   0<->2 exchange the partials of a and c: 0 ends with
 //             (a2+a3)+(a0+a1), 2 with (c0+c1)+(c2+c3); likewise 1 and 3
-//     (one stage after the other, rank 0 skips the partial a0+a1: the
-//     rail's last step reduces a0, a1 and the received a2+a3 in one pass,
-//     where that gives the same bits; see foldsOwnBlock)
+//     (one stage after the other, by single-copy reads, rank 0 does not
+//     write the partial a0+a1 to memory: the rail's last step reduces it
+//     chunk by chunk through the cache and adds it to the received a2+a3)
 //   AllReduce: node ReduceScatter of L slices, rail AllReduce of each
 //     slice, node AllGather of the slices (through the staging slots for
 //     messages up to a slot, by single-copy reads above).
@@ -137,10 +137,6 @@ class HierarchicalCommunicator : public Communicator {
   void reduceScatterSequential(const OpArgs& args);
   // AllReduce of up to a slot, through the staging slots.
   void allReduceStaged(const OpArgs& args);
-  // Whether the sequential ReduceScatter reduces my own block in the rail's
-  // last step, from the node's inputs, without a node partial (a write and
-  // a read of a block fewer); only where the bits stay the same.
-  static bool foldsOwnBlock(const ReduceSpec& spec);
   // Whether a call with blocks of `block_bytes` runs sequentially.
   bool sequential(size_t block_bytes) const;
   // Runs a rail stage on this thread; its failure releases the node peers.

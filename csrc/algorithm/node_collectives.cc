@@ -220,13 +220,15 @@ void NodeCollectives::reduceFromPeers(
   const size_t es = args.elemSize();
   const int L = localSize();
   const int me = localRank();
-  const int nsrc = L + (extra != nullptr ? 1 : 0);
   // Per-peer chunks small enough that all of them stay in the L2 cache.
   const size_t per_peer = std::clamp<size_t>(
       (size_t{1} << 20) / static_cast<size_t>(L - 1), 64 << 10, 256 << 10);
   const size_t chunk = std::max<size_t>(1, per_peer / es);
   uint8_t* buf = scratch(static_cast<size_t>(L) * chunk * es);
-  std::vector<const void*>& srcs = sources(nsrc);
+  std::vector<const void*>& srcs = sources(L);
+  // With `extra`, the node's sum goes through my own (unused) slot of the
+  // scratch, still in the cache when the ring's two-operand step reads it.
+  uint8_t* sum = buf + static_cast<size_t>(me) * chunk * es;
   auto* d = static_cast<uint8_t*>(dst);
   for (size_t off = 0; off < n; off += chunk) {
     const size_t m = std::min(chunk, n - off);
@@ -240,10 +242,13 @@ void NodeCollectives::reduceFromPeers(
         srcs[l] = tmp;
       }
     }
-    if (extra != nullptr) {
-      srcs[static_cast<size_t>(L)] = static_cast<const uint8_t*>(extra) + off * es;
+    if (extra == nullptr) {
+      reduce(args.reduce, d + off * es, srcs.data(), L, m, raw, finalize);
+      continue;
     }
-    reduce(args.reduce, d + off * es, srcs.data(), nsrc, m, raw, finalize);
+    reduce(args.reduce, sum, srcs.data(), L, m, raw, false);
+    const void* pair[2] = {static_cast<const uint8_t*>(extra) + off * es, sum};
+    reduce(args.reduce, d + off * es, pair, 2, m, false, finalize);
   }
 }
 

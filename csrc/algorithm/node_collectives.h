@@ -84,8 +84,11 @@ class NodeCollectives {
   void round(const Deadline& deadline);
   // Reduces `n` elements at byte `offset_bytes` of every rank's input (peers
   // read through single-copy from the address in their descriptor) into
-  // dst, in local rank order, then `extra` (n elements, a partial result
-  // from elsewhere) if given. dst may be my_in + offset_bytes or extra.
+  // dst, in local rank order. With `extra` (n elements of a partial result
+  // from elsewhere, not raw): dst = extra (+) that sum, rounded to the dtype
+  // first, exactly as a ring step would combine a received partial with
+  // the node's; only this last step finalizes. dst may be my_in +
+  // offset_bytes.
   void reduceFromPeers(
       const OpArgs& args,
       const uint8_t* my_in,

@@ -124,6 +124,7 @@ void ringReduceScatter(
   const bool scale_after = raw && spec.op == ReduceOp::kPremulSum;
   ReduceSpec add = spec;
   if (scale_after) {
+    SMDDP_ASSERT(!contrib.finish, "raw PREMUL_SUM contributions cannot be finished by the caller");
     add.op = ReduceOp::kSum;
   }
   const size_t chunk_elems = std::max<size_t>(1, ring.chunk_bytes / es);

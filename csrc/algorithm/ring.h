@@ -77,11 +77,13 @@ struct Contributions {
   const uint8_t* base = nullptr;
   std::vector<size_t> offsets;  // of block i's contribution, in bytes
   std::function<bool(int block, size_t chunk)> ready;
-  // If set, the last step of my own block: combine `part` (the other
-  // members' contributions, reduced) with mine into dst, finalized, for
-  // `n` elements at byte `offset` of the block; my own block's entry in
-  // base/offsets and `ready` are then never used. Lets a caller read its
-  // contribution from where it is, rather than first reducing it into base.
+  // If set, the last step of my own block, in place of the ring's
+  // dst = part (+) mine: `part` is the other members' contributions,
+  // reduced, for `n` elements at byte `offset` of the block; finish applies
+  // AVG's division itself when the ring's `finalize` asks for it. My own
+  // block's entry in base/offsets and `ready` are then never used. Lets a
+  // caller compute its contribution as it goes rather than store it in base.
+  // Not with raw PREMUL_SUM contributions (the ring scales its result).
   std::function<void(void* dst, const void* part, size_t offset, size_t n)> finish;
 };
 

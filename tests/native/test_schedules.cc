@@ -4,6 +4,7 @@
 // several shapes and sizes, exact results (integer-valued floats), and both
 // schedules give the same bits on integers.
 #include <algorithm>
+#include <cmath>
 #include <cstdio>
 #include <cstring>
 #include <functional>
@@ -195,7 +196,7 @@ bool runOps(int rank, int world, algorithm::Communicator& comm, uint64_t& seq) {
 using Ops = std::function<void(int rank, int world, algorithm::Communicator& comm, uint64_t& seq)>;
 
 void runShape(int nodes, int per_node, std::map<std::string, std::string> env, const std::string& expect,
-              const Ops& ops = nullptr) {
+              const Ops& ops = nullptr, const std::function<void(int rank, Config&)>& tweak = nullptr) {
   const int world = nodes * per_node;
   std::string dir = ::smddp::test::tempDir();
   ::smddp::test::runRanks(
@@ -203,6 +204,9 @@ void runShape(int nodes, int per_node, std::map<std::string, std::string> env, c
       [&](int rank) {
         ::smddp::test::DirStore store(dir);
         Config cfg = configWith(env);
+        if (tweak) {
+          tweak(rank, cfg);
+        }
         std::vector<std::string> keys;
         for (int r = 0; r < world; ++r) {
           keys.push_back(topology::nodeKey("host", r, per_node));
@@ -235,23 +239,117 @@ float noisy(int rank, size_t i) {
   return (u * 2.f - 1.f) * static_cast<float>(1 << ((i + 3 * static_cast<size_t>(rank)) % 11));
 }
 
-// Every reduction's output bytes on this rank (ReduceScatter out of place,
-// AllReduce in place; several sizes), appended to `file`.
-void reductionBits(int rank, int world, algorithm::Communicator& comm, uint64_t& seq, const std::string& file) {
-  std::string bits;
-  const size_t W = static_cast<size_t>(world);
-  for (size_t n : {size_t{5}, size_t{1000}, size_t{4099}, size_t{3 * 4096 + 7}}) {
-    Deadline dl = Deadline::after(std::chrono::seconds(30));
-    std::vector<float> in(n * W), out(n);
-    for (size_t i = 0; i < in.size(); ++i) {
-      in[i] = noisy(rank, i);
+// Inputs of the same-bits tests: noisy values in the dtype; for floats
+// also +0 and -0 (which MIN/MAX pick by operand order) and, at other
+// elements, +inf on rank 0, -inf on rank 1 and a quiet NaN elsewhere, so
+// that two NaNs of different bits meet in a sum (x86 keeps the first
+// operand's). PRODUCT gets values near 1.
+void fillInputs(DataType dt, ReduceOp op, int rank, size_t n, std::vector<uint8_t>& buf) {
+  const size_t es = elementSize(dt);
+  buf.assign(n * es, 0);
+  for (size_t i = 0; i < n; ++i) {
+    float v = noisy(rank, i);
+    if (op == ReduceOp::kProduct) {
+      v = 1.f + v * 1e-3f;
     }
-    comm.reduceScatter(opArgs(CollectiveKind::kReduceScatter, {DataType::kFloat32, ReduceOp::kSum, 1.0, 1.0},
-                              in.data(), out.data(), n, seq, dl));
-    bits.append(reinterpret_cast<const char*>(out.data()), n * sizeof(float));
-    comm.allReduce(opArgs(CollectiveKind::kAllReduce, {DataType::kFloat32, ReduceOp::kSum, 1.0, 1.0}, in.data(),
-                          in.data(), n * W, seq, dl));
-    bits.append(reinterpret_cast<const char*>(in.data()), n * W * sizeof(float));
+    if (i % 97 == 5) {
+      v = rank % 2 == 1 ? -0.f : 0.f;
+    } else if (i % 89 == 3) {
+      v = rank == 0 ? INFINITY : rank == 1 ? -INFINITY : NAN;
+    }
+    uint8_t* at = buf.data() + i * es;
+    switch (dt) {
+      case DataType::kFloat32:
+        std::memcpy(at, &v, 4);
+        break;
+      case DataType::kFloat64: {
+        const double d = static_cast<double>(v) * (1.0 + 1e-9 * static_cast<double>(i));
+        std::memcpy(at, &d, 8);
+        break;
+      }
+      case DataType::kFloat16: {
+        const _Float16 h = static_cast<_Float16>(v);
+        std::memcpy(at, &h, 2);
+        break;
+      }
+      case DataType::kBFloat16: {
+        uint32_t u = 0;
+        std::memcpy(&u, &v, 4);
+        const uint16_t h = static_cast<uint16_t>(u >> 16);
+        std::memcpy(at, &h, 2);
+        break;
+      }
+      case DataType::kInt64: {
+        int64_t x = static_cast<int64_t>(noisy(rank, i) * 1000.f) + static_cast<int64_t>(i) * 7;
+        if (op == ReduceOp::kProduct) {
+          x = static_cast<int64_t>(i % 3) + 1 + rank;
+        }
+        std::memcpy(at, &x, 8);
+        break;
+      }
+      case DataType::kInt32: {
+        const int32_t x = static_cast<int32_t>(noisy(rank, i) * 1000.f);
+        std::memcpy(at, &x, 4);
+        break;
+      }
+      default:
+        break;
+    }
+  }
+}
+
+// Every reduction's output bytes on this rank, appended to `file`: for each
+// dtype and op, and counts that leave slices and blocks empty, unequal or
+// cut into unequal numbers of chunks, an AllReduce and a ReduceScatter out
+// of place (the input must not change) and in place (the same bits).
+void reductionBits(int rank, int world, algorithm::Communicator& comm, uint64_t& seq, const std::string& file) {
+  struct Case {
+    DataType dtype;
+    ReduceOp op;
+  };
+  const Case cases[] = {
+      {DataType::kFloat32, ReduceOp::kSum},     {DataType::kFloat32, ReduceOp::kAvg},
+      {DataType::kFloat32, ReduceOp::kProduct}, {DataType::kFloat32, ReduceOp::kMin},
+      {DataType::kFloat32, ReduceOp::kMax},     {DataType::kFloat32, ReduceOp::kPremulSum},
+      {DataType::kFloat64, ReduceOp::kAvg},     {DataType::kFloat16, ReduceOp::kSum},
+      {DataType::kBFloat16, ReduceOp::kAvg},    {DataType::kBFloat16, ReduceOp::kPremulSum},
+      {DataType::kInt64, ReduceOp::kSum},       {DataType::kInt64, ReduceOp::kProduct},
+      {DataType::kInt32, ReduceOp::kMax},
+  };
+  const size_t W = static_cast<size_t>(world);
+  const size_t counts[] = {0, 1, 2, 3, 7, W - 1, W + 1, 2 * W + 1, 1000, 4099, W * 512 + 1, W * 1024 + W - 1,
+                           W * 2048 + 1};
+  std::string bits;
+  auto keep = [&](const std::vector<uint8_t>& v, size_t from, size_t len) {
+    bits.append(reinterpret_cast<const char*>(v.data()) + from, len);
+  };
+  for (const Case& k : cases) {
+    const size_t es = elementSize(k.dtype);
+    const algorithm::ReduceSpec spec{k.dtype, k.op, 0.37, static_cast<double>(world)};
+    for (size_t n : counts) {
+      const Deadline dl = Deadline::after(std::chrono::seconds(30));
+      const std::string what = str("dtype ", dataTypeName(k.dtype), " ", reduceOpName(k.op), " n=", n);
+      std::vector<uint8_t> in, out(n * es, 0xAB);
+      fillInputs(k.dtype, k.op, rank, n, in);
+      const std::vector<uint8_t> pristine = in;
+      comm.allReduce(opArgs(CollectiveKind::kAllReduce, spec, in.data(), out.data(), n, seq, dl));
+      EXPECT_TRUE(in == pristine);
+      keep(out, 0, out.size());
+      comm.allReduce(opArgs(CollectiveKind::kAllReduce, spec, in.data(), in.data(), n, seq, dl));
+      if (in != out) {
+        ::smddp::test::fail(__FILE__, __LINE__, str("rank ", rank, ": allreduce in place differs, ", what));
+      }
+      fillInputs(k.dtype, k.op, rank, n * W, in);
+      const std::vector<uint8_t> whole = in;
+      comm.reduceScatter(opArgs(CollectiveKind::kReduceScatter, spec, in.data(), out.data(), n, seq, dl));
+      EXPECT_TRUE(in == whole);
+      keep(out, 0, out.size());
+      const size_t mine = static_cast<size_t>(rank) * n * es;
+      comm.reduceScatter(opArgs(CollectiveKind::kReduceScatter, spec, in.data(), in.data() + mine, n, seq, dl));
+      if (n > 0 && std::memcmp(in.data() + mine, out.data(), n * es) != 0) {
+        ::smddp::test::fail(__FILE__, __LINE__, str("rank ", rank, ": reduce_scatter in place differs, ", what));
+      }
+    }
   }
   std::FILE* f = std::fopen(file.c_str(), "wb");
   EXPECT_TRUE(f != nullptr && std::fwrite(bits.data(), 1, bits.size(), f) == bits.size());
@@ -289,16 +387,35 @@ SMDDP_TEST(hierarchical_shapes) {
   runShape(2, 2, {{"SMDDP_PIPELINE", "off"}}, "hierarchical");
 }
 
+// Whether every rank's bits in `dir` are those of path 0.
+void expectSameBits(const std::string& dir, int world, size_t paths, const std::string& what) {
+  for (int r = 0; r < world; ++r) {
+    const std::string first = readAll(str(dir, "/0-", r));
+    EXPECT_TRUE(!first.empty());
+    for (size_t p = 1; p < paths; ++p) {
+      const std::string other = readAll(str(dir, "/", p, "-", r));
+      if (other != first) {
+        size_t at = 0;
+        while (at < first.size() && at < other.size() && first[at] == other[at]) {
+          ++at;
+        }
+        ::smddp::test::fail(__FILE__, __LINE__, str(what, " rank ", r, ": path ", p, " gives other bits than path 0 (from byte ", at, ")"));
+      }
+    }
+  }
+}
+
 // The hierarchical schedules reduce in one order whatever the path (the
-// node stage pipelined or not, staged or by single-copy reads): the same
-// bits, with three operands per reduction where the order shows.
+// node stage pipelined or not, staged or by single-copy reads, any chunk):
+// the same bits, with three operands per reduction where the order shows.
 SMDDP_TEST(hierarchical_paths_give_the_same_bits) {
   const std::vector<std::map<std::string, std::string>> paths = {
-      {{"SMDDP_PIPELINE", "on"}},
-      {{"SMDDP_PIPELINE", "off"}},
       {{"SMDDP_PIPELINE", "off"}, {"SMDDP_SINGLE_COPY", "on"}},
+      {{"SMDDP_PIPELINE", "on"}, {"SMDDP_SINGLE_COPY", "on"}},
+      {{"SMDDP_PIPELINE", "on"}, {"SMDDP_SINGLE_COPY", "on"}, {"SMDDP_CHUNK_BYTES", "4100"}},
+      {{"SMDDP_PIPELINE", "off"}},
   };
-  for (auto [nodes, per] : std::vector<std::pair<int, int>>{{2, 3}, {3, 2}}) {
+  for (auto [nodes, per] : std::vector<std::pair<int, int>>{{2, 2}, {2, 3}, {3, 2}}) {
     std::fprintf(stderr, "  %dx%d\n", nodes, per);
     const std::string dir = ::smddp::test::tempDir();
     for (size_t p = 0; p < paths.size(); ++p) {
@@ -307,15 +424,32 @@ SMDDP_TEST(hierarchical_paths_give_the_same_bits) {
         reductionBits(rank, world, comm, seq, str(dir, "/", p, "-", rank));
       });
     }
-    for (int r = 0; r < nodes * per; ++r) {
-      const std::string first = readAll(str(dir, "/0-", r));
-      EXPECT_TRUE(!first.empty());
-      for (size_t p = 1; p < paths.size(); ++p) {
-        if (readAll(str(dir, "/", p, "-", r)) != first) {
-          ::smddp::test::fail(__FILE__, __LINE__, str(nodes, "x", per, " rank ", r, ": path ", p, " gives other bits than path 0"));
-        }
-      }
+    expectSameBits(dir, nodes * per, paths.size(), str(nodes, "x", per));
+  }
+}
+
+// Rail peers on hosts that choose their path differently (one pipelines,
+// one runs the stages one after the other for want of cores) exchange the
+// same messages: the calls complete, with the bits of a single path.
+SMDDP_TEST(hierarchical_hosts_that_choose_differently) {
+  for (auto [nodes, per] : std::vector<std::pair<int, int>>{{2, 2}, {3, 2}}) {
+    std::fprintf(stderr, "  %dx%d\n", nodes, per);
+    const std::string dir = ::smddp::test::tempDir();
+    for (size_t p = 0; p < 2; ++p) {
+      runShape(
+          nodes, per, {{"SMDDP_SINGLE_COPY", "on"}}, "hierarchical",
+          [&](int rank, int world, algorithm::Communicator& comm, uint64_t& seq) {
+            reductionBits(rank, world, comm, seq, str(dir, "/", p, "-", rank));
+          },
+          [&](int rank, Config& cfg) {
+            // Path 0: every host short of cores; path 1: only node 1's.
+            if (p == 0 || rank / per == 1) {
+              cfg.host_ranks = 8;
+              cfg.host_cpus = 1;
+            }
+          });
     }
+    expectSameBits(dir, nodes * per, 2, str(nodes, "x", per));
   }
 }
 
