@@ -7,6 +7,9 @@ its peers'. Each of these must give the result of the collective on the
 tensors' values (as `tensor.tolist()` sees them), leave every element outside
 a view untouched, and work on every route (single node, emulated nodes).
 
+Outputs and inputs may share memory, as views of one buffer: in the
+in-place layout (one rank's block of the larger tensor) and otherwise.
+
 The list forms take one size per rank (all_gather with outputs of different
 sizes, as nccl allows, and reduce_scatter with inputs of different sizes, as
 gloo allows). A sparse all_reduce (DDP's gradients of sparse embeddings) is
@@ -321,7 +324,48 @@ def case_sparse(world_tag: str) -> list[str]:
     return failures
 
 
-CASES = (case_all_reduce, case_broadcast, case_all_gather, case_reduce_scatter, case_uneven, case_sparse)
+def case_overlap(world_tag: str) -> list[str]:
+    """Outputs and inputs that share memory other than in the in-place layout
+    (a block of another rank, a range across two blocks): the result of the
+    collective on the values as they were when it was called, as gloo gives."""
+    _setup()
+    rank, world = dist.get_rank(), dist.get_world_size()
+    failures: list[str] = []
+    # The largest is read across emulated nodes by single-copy reads too.
+    for n in (math.prod(SMALL), math.prod(LARGE), (1 << 18) + 3):
+        starts = {"own block": rank * n, "next rank's block": (rank + 1) % world * n, "across blocks": n // 2}
+        for where, s in starts.items():
+            what = f"{world_tag} reduce_scatter_tensor {n} output in the input at {where}"
+            inp = _values(rank, (world * n,))
+            before = inp.clone()
+            want = sum(_values(k, (world * n,)) for k in range(world))[rank * n : (rank + 1) * n]
+            out = inp[s : s + n]
+            dist.reduce_scatter_tensor(out, inp)
+            _check(failures, what, out, want, None)
+            rest = torch.ones(world * n, dtype=torch.bool)
+            rest[s : s + n] = False
+            if not torch.equal(inp[rest], before[rest]):
+                failures.append(f"{what}: input outside the output changed")
+
+            what = f"{world_tag} all_gather_into_tensor {n} input in the output at {where}"
+            whole = torch.full((world * n,), SENTINEL + 1.0)
+            view = whole[s : s + n]
+            view.copy_(_values(rank, (n,)))
+            dist.all_gather_into_tensor(whole, view)
+            _check(failures, what, whole, torch.cat([_values(k, (n,)) for k in range(world)]), None)
+    # A coalesced pair whose output lies across two blocks of its input.
+    n = math.prod(SMALL)
+    inp = _values(rank, (world * n,))
+    with dist._coalescing_manager():
+        dist.reduce_scatter_tensor(inp[n // 2 : n // 2 + n], inp)
+    want = sum(_values(k, (world * n,)) for k in range(world))[rank * n : (rank + 1) * n]
+    _check(failures, f"{world_tag} reduce_scatter_tensor_coalesced output across blocks", inp[n // 2 : n // 2 + n], want, None)
+    return failures
+
+
+CASES = (
+    case_all_reduce, case_broadcast, case_all_gather, case_reduce_scatter, case_uneven, case_sparse, case_overlap
+)
 CONFIGS = {
     # 3 ranks: uneven sizes with one rank of nothing; 2 x 2: the hierarchical
     # schedules between emulated nodes.

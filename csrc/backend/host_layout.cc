@@ -31,6 +31,17 @@ void checkWritable(const Where& where, const at::Tensor& t, const std::string& w
       ", an expand()ed view?) and cannot be written; pass a tensor of its own, e.g. .clone()");
 }
 
+bool overlapsOutOfPlace(const at::Tensor& whole, const at::Tensor& block, int rank) {
+  const auto* w = static_cast<const uint8_t*>(whole.data_ptr());
+  const auto* b = static_cast<const uint8_t*>(block.data_ptr());
+  const size_t wn = whole.nbytes();
+  const size_t bn = block.nbytes();
+  if (wn == 0 || bn == 0 || b + bn <= w || w + wn <= b) {
+    return false;
+  }
+  return b != w + static_cast<size_t>(rank) * bn;
+}
+
 at::Tensor HostLayout::buffer(const Where& where, const at::Tensor& t, const std::string& what, Access access) {
   checkStrided(where, t, what);
   if (t.is_contiguous()) {
@@ -41,6 +52,12 @@ at::Tensor HostLayout::buffer(const Where& where, const at::Tensor& t, const std
   }
   at::Tensor flat = at::empty(t.sizes(), t.options().memory_format(at::MemoryFormat::Contiguous));
   staged_.push_back(Staged{t, flat, (access & kRead) != 0, (access & kWrite) != 0});
+  return flat;
+}
+
+at::Tensor HostLayout::copy(const at::Tensor& user, Access access) {
+  at::Tensor flat = at::empty(user.sizes(), user.options().memory_format(at::MemoryFormat::Contiguous));
+  staged_.push_back(Staged{user, flat, (access & kRead) != 0, (access & kWrite) != 0});
   return flat;
 }
 

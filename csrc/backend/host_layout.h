@@ -31,6 +31,12 @@ void checkStrided(const Where& where, const at::Tensor& t, const std::string& wh
 // memory (an expand()ed view), which has no single value per element.
 void checkWritable(const Where& where, const at::Tensor& t, const std::string& what);
 
+// Whether the flat buffers `whole` (every rank's share, rank-major) and
+// `block` (one share) share memory other than as share `rank` of `whole`,
+// the in-place layout. Peers read one while this rank writes the other, so
+// such a call must not run on them directly.
+bool overlapsOutOfPlace(const at::Tensor& whole, const at::Tensor& block, int rank);
+
 class HostLayout {
  public:
   enum Access { kRead = 1, kWrite = 2, kReadWrite = 3 };
@@ -38,6 +44,9 @@ class HostLayout {
   // The flat buffer through which the collective reads and/or writes `t`
   // (`t` itself when it is contiguous). Checks `t` first.
   at::Tensor buffer(const Where& where, const at::Tensor& t, const std::string& what, Access access);
+  // A flat buffer of its own for `user` (a buffer() result), copied in
+  // and/or out like a strided tensor's.
+  at::Tensor copy(const at::Tensor& user, Access access);
 
   // Run on the executor, before and after the collective.
   void copyIn() const;

@@ -240,6 +240,9 @@ class ProcessGroupSMDDP : public ::c10d::Backend {
       const at::Tensor& t,
       const ::c10d::ReduceOp& rop,
       int64_t index = -1) const;
+  // Refuses, on the device path, tensors that overlapsOutOfPlace; the host
+  // path runs such calls on a copy.
+  void checkNoOverlapOnDevice(const char* op, Route route, int64_t index) const;
   algorithm::OpArgs allGatherArgs(
       const char* op,
       Route route,
