@@ -22,6 +22,22 @@ size_t chunkLen(size_t block, size_t chunk, size_t c) {
 // See hierarchical.h; measured on 2 emulated nodes x 2 ranks.
 constexpr size_t kSequentialBytes = size_t{512} << 10;
 
+// What progress unit u of a pipelined node stage announces, the same on
+// every rank of node n: first the `chunks` chunks of the rank's own rail
+// block (n), then the chunks the rail's AllGather lands, step by step (step
+// s brings block n-s-1).
+struct RailUnit {
+  int block;
+  size_t chunk;
+};
+RailUnit railUnit(uint64_t u, size_t chunks, int n, int N) {
+  if (u < chunks) {
+    return {n, static_cast<size_t>(u)};
+  }
+  const uint64_t v = u - chunks;
+  return {mod(n - static_cast<int>(v / chunks) - 1, N), static_cast<size_t>(v % chunks)};
+}
+
 // Visits bytes [from, from + n) of the concatenation of blocks of `b` bytes
 // each: f(block, offset in the block, offset in the range, length).
 template <class F>
@@ -208,6 +224,28 @@ void HierarchicalCommunicator::railAllReduce(const OpArgs& args, const void* in,
       railRing(args, false), args.reduce, in, out, count, raw, true, messageTag(args), args.deadline, &ring_scratch_);
 }
 
+uint32_t HierarchicalCommunicator::openProgressCall(const OpArgs& args) {
+  transport::OpDesc& mine = arena_->myDesc(args.seq);
+  node_->openCall(args, NodeCollectives::kSingleCopy);
+  mine.aux = arena_->progress();
+  node_->round(args.deadline);
+  node_->verifyDescs(args);
+  return static_cast<uint32_t>(mine.aux);
+}
+
+std::function<bool(int block, size_t chunk)> HierarchicalCommunicator::railReadiness(size_t chunks) {
+  partials_ready_.store(0);
+  return [this, chunks](int block, size_t c) {
+    const auto order = static_cast<uint64_t>(mod(topo_.myNode() - 1 - block, topo_.numNodes()));
+    return partials_ready_.load(std::memory_order_acquire) >= order * chunks + c + 1;
+  };
+}
+
+void HierarchicalCommunicator::handToRail(int j, size_t c, size_t chunks) {
+  partials_ready_.store(static_cast<uint64_t>(j) * chunks + c + 1, std::memory_order_release);
+  wakeRail();
+}
+
 void HierarchicalCommunicator::wakeRail() {
   uint64_t one = 1;
   [[maybe_unused]] ssize_t w = ::write(wake_fd_, &one, sizeof(one));
@@ -291,13 +329,7 @@ void HierarchicalCommunicator::allGatherPipelined(const OpArgs& args) {
   const auto* in = static_cast<const uint8_t*>(args.in);
 
   // Round A: descriptors (output address, progress base), checked.
-  transport::OpDesc& mine = arena_->myDesc(args.seq);
-  node_->openCall(args, NodeCollectives::kSingleCopy);
-  mine.aux = arena_->progress();
-  node_->round(args.deadline);
-  node_->verifyDescs(args);
-
-  const uint32_t base = static_cast<uint32_t>(mine.aux);
+  const uint32_t base = openProgressCall(args);
 
   // Units, in the order every rank announces them: its own block's chunks,
   // then the rail's chunks as they land (step-major).
@@ -316,19 +348,13 @@ void HierarchicalCommunicator::allGatherPipelined(const OpArgs& args) {
   auto node_stage = [&] {
     const uint64_t units = static_cast<uint64_t>(N) * C;
     for (uint64_t u = 0; u < units; ++u) {
-      int member = n;
-      size_t c = u;
-      if (u >= C) {
-        const uint64_t v = u - C;
-        member = mod(n - static_cast<int>(v / C) - 1, N);
-        c = v % C;
-      }
-      const size_t len = chunkLen(b, chunk, c);
+      const RailUnit unit = railUnit(u, C, n, N);
+      const size_t len = chunkLen(b, chunk, unit.chunk);
       for (int k = 1; k < L; ++k) {
         const int peer = (l + k) % L;
         const transport::OpDesc& d = arena_->peerDesc(peer, args.seq);
         arena_->waitProgress(peer, static_cast<uint32_t>(d.aux) + static_cast<uint32_t>(u) + 1, args.deadline);
-        const size_t off = static_cast<size_t>(topo_.nodeRanks(member)[peer]) * b + c * chunk;
+        const size_t off = static_cast<size_t>(topo_.nodeRanks(unit.block)[peer]) * b + unit.chunk * chunk;
         arena_->readFrom(peer, out + off, d.out_addr + off, len);
       }
     }
@@ -376,12 +402,7 @@ void HierarchicalCommunicator::reduceScatterPipelined(const OpArgs& args) {
   node_->verifyDescs(args);
 
   Contributions contrib = partialContributions(b);
-  partials_ready_.store(0);
-  // The rail consumes the partial of block n-1 first, then n-2, ..., then n.
-  auto order = [&](int member) { return static_cast<uint64_t>(mod(n - 1 - member, N)); };
-  contrib.ready = [&](int member, size_t c) {
-    return partials_ready_.load(std::memory_order_acquire) >= order(member) * C + c + 1;
-  };
+  contrib.ready = railReadiness(C);
 
   auto rail_stage = [&] { railReduceScatter(args, contrib, false, true); };
   auto node_stage = [&] {
@@ -393,8 +414,7 @@ void HierarchicalCommunicator::reduceScatterPipelined(const OpArgs& args) {
         node_->reduceFromPeers(
             args, in, block + c * chunk, len / es, partials_.data() + static_cast<size_t>(member) * b + c * chunk,
             true, false);
-        partials_ready_.store(static_cast<uint64_t>(j) * C + c + 1, std::memory_order_release);
-        wakeRail();
+        handToRail(j, c, C);
       }
     }
   };
@@ -613,24 +633,13 @@ void HierarchicalCommunicator::allReducePipelined(const OpArgs& args) {
   const size_t rs_chunks = ringChunks(sizes[0], rs_chunk);
   const size_t ag_chunk = config_.chunk_bytes;
 
-  transport::OpDesc& desc = arena_->myDesc(args.seq);
-  node_->openCall(args, NodeCollectives::kSingleCopy);
-  desc.aux = arena_->progress();
-  node_->round(args.deadline);
-  node_->verifyDescs(args);
-  const uint32_t base = static_cast<uint32_t>(desc.aux);
+  const uint32_t base = openProgressCall(args);
 
-  // The node stage reduces my slice into place; the rail takes its chunks
-  // in the order its ReduceScatter consumes them: sub-slice n-1 first, then
-  // n-2, ..., then n.
+  // The node stage reduces my slice into place, the rail's contributions.
   Contributions contrib;
   contrib.base = mine;
   contrib.offsets = offsets;
-  partials_ready_.store(0);
-  auto order = [&](int m) { return static_cast<uint64_t>(mod(n - 1 - m, N)); };
-  contrib.ready = [&](int m, size_t c) {
-    return partials_ready_.load(std::memory_order_acquire) >= order(m) * rs_chunks + c + 1;
-  };
+  contrib.ready = railReadiness(rs_chunks);
 
   // Progress units, as every rank of the node counts them for its own
   // slice: the chunks of its rail block (final when the rail's
@@ -657,8 +666,7 @@ void HierarchicalCommunicator::allReducePipelined(const OpArgs& args) {
           // PREMUL_SUM scales here; AVG divides at the rail's end.
           node_->reduceFromPeers(args, in, my_begin + off, len / es, mine + off, true, false);
         }
-        partials_ready_.store(static_cast<uint64_t>(j) * rs_chunks + c + 1, std::memory_order_release);
-        wakeRail();
+        handToRail(j, c, rs_chunks);
       }
     }
     // Each peer's slice, unit by unit as its rail finalizes it. Reading a
@@ -688,19 +696,13 @@ void HierarchicalCommunicator::allReducePipelined(const OpArgs& args) {
         if (u >= static_cast<uint64_t>(N) * p.chunks) {
           continue;
         }
-        // Unit u: a chunk of the rail block (same node index n as mine),
-        // then chunk c of the block the AllGather's step s brings.
-        int m = n;
-        size_t c = u;
-        if (u >= p.chunks) {
-          const uint64_t v = u - p.chunks;
-          m = mod(n - static_cast<int>(v / p.chunks) - 1, N);
-          c = v % p.chunks;
-        }
+        // Of p's slice (p is on node n too).
+        const RailUnit unit = railUnit(u, p.chunks, n, N);
+        const auto m = static_cast<size_t>(unit.block);
         arena_->waitProgress(p.local, p.base + static_cast<uint32_t>(u) + 1, args.deadline);
-        const size_t len = chunkLen(p.sub.size(static_cast<size_t>(m)) * es, ag_chunk, c);
+        const size_t len = chunkLen(p.sub.size(m) * es, ag_chunk, unit.chunk);
         if (len > 0) {
-          const size_t off = p.begin + p.sub.begin(static_cast<size_t>(m)) * es + c * ag_chunk;
+          const size_t off = p.begin + p.sub.begin(m) * es + unit.chunk * ag_chunk;
           arena_->readFrom(p.local, out + off, p.addr + off, len);
         }
       }

@@ -130,6 +130,16 @@ class HierarchicalCommunicator : public Communicator {
   // first failure of either stops the other.
   void runStages(const std::function<void()>& rail_stage, const std::function<void()>& node_stage);
   void wakeRail();
+  // The pipelined paths' first round: descriptors, with this rank's
+  // progress base (returned), checked.
+  uint32_t openProgressCall(const OpArgs& args);
+  // A pipelined node stage hands the rail's ring ReduceScatter its
+  // contributions in the order the ring consumes them (block n-1 first,
+  // then n-2, ..., then n), `chunks` per block: railReadiness() starts a
+  // call and says which are ready; handToRail(j, c) marks chunk c of the
+  // j-th block in that order, and wakes the rail.
+  std::function<bool(int block, size_t chunk)> railReadiness(size_t chunks);
+  void handToRail(int j, size_t c, size_t chunks);
   void allGatherPipelined(const OpArgs& args);
   void reduceScatterPipelined(const OpArgs& args);
   void allReducePipelined(const OpArgs& args);
