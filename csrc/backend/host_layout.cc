@@ -50,9 +50,7 @@ at::Tensor HostLayout::buffer(const Where& where, const at::Tensor& t, const std
   if (access & kWrite) {
     checkWritable(where, t, what);
   }
-  at::Tensor flat = at::empty(t.sizes(), t.options().memory_format(at::MemoryFormat::Contiguous));
-  staged_.push_back(Staged{t, flat, (access & kRead) != 0, (access & kWrite) != 0});
-  return flat;
+  return copy(t, access);
 }
 
 at::Tensor HostLayout::copy(const at::Tensor& user, Access access) {

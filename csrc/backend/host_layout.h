@@ -44,8 +44,8 @@ class HostLayout {
   // The flat buffer through which the collective reads and/or writes `t`
   // (`t` itself when it is contiguous). Checks `t` first.
   at::Tensor buffer(const Where& where, const at::Tensor& t, const std::string& what, Access access);
-  // A flat buffer of its own for `user` (a buffer() result), copied in
-  // and/or out like a strided tensor's.
+  // A flat buffer of its own for `user`, copied in and/or out like a
+  // strided tensor's.
   at::Tensor copy(const at::Tensor& user, Access access);
 
   // Run on the executor, before and after the collective.

@@ -706,7 +706,17 @@ void ProcessGroupSMDDP::checkBlocks(
       block.numel() * size_);
 }
 
-void ProcessGroupSMDDP::checkNoOverlapOnDevice(const char* op, Route route, int64_t index) const {
+at::Tensor ProcessGroupSMDDP::apartFrom(
+    const char* op,
+    Route route,
+    HostLayout& layout,
+    const at::Tensor& whole,
+    const at::Tensor& block,
+    HostLayout::Access access,
+    int64_t index) const {
+  if (!overlapsOutOfPlace(whole, block, rank_)) {
+    return block;
+  }
   TORCH_CHECK(
       route != Route::kDevice,
       where(op),
@@ -715,6 +725,7 @@ void ProcessGroupSMDDP::checkNoOverlapOnDevice(const char* op, Route route, int6
       nth("input", index),
       " share memory other than as this rank's block of the larger one (the in-place layout); pass tensors "
       "that do not overlap, or the in-place layout");
+  return layout.copy(block, access);
 }
 
 algorithm::OpArgs ProcessGroupSMDDP::allGatherArgs(
@@ -727,12 +738,9 @@ algorithm::OpArgs ProcessGroupSMDDP::allGatherArgs(
   checkBlocks(op, input, output, true, index);
   at::Tensor in = nativeBuffer(route, layout, op, input, nth("input", index), HostLayout::kRead);
   at::Tensor out = nativeBuffer(route, layout, op, output, nth("output", index), HostLayout::kWrite);
-  if (overlapsOutOfPlace(out, in, rank_)) {
-    // An input inside the output other than as this rank's block would be
-    // overwritten before every peer has read it: gather from a copy.
-    checkNoOverlapOnDevice(op, route, index);
-    in = layout.copy(in, HostLayout::kRead);
-  }
+  // An input inside the output other than as this rank's block would be
+  // overwritten before every peer has read it: gather from a copy.
+  in = apartFrom(op, route, layout, out, in, HostLayout::kRead, index);
   MoveType m = moveType(input);
   return opArgs(CollectiveKind::kAllGather, moveSpec(m.dtype), in.data_ptr(), out.data_ptr(), m.count);
 }
@@ -748,13 +756,10 @@ algorithm::OpArgs ProcessGroupSMDDP::reduceScatterArgs(
   checkBlocks(op, input, output, false, index);
   at::Tensor in = nativeBuffer(route, layout, op, input, nth("input", index), HostLayout::kRead);
   at::Tensor out = nativeBuffer(route, layout, op, output, nth("output", index), HostLayout::kWrite);
-  if (overlapsOutOfPlace(in, out, rank_)) {
-    // An output inside the input other than as this rank's block would be
-    // written while peers still read that part of the input: reduce into a
-    // copy, written back when the call is done.
-    checkNoOverlapOnDevice(op, route, index);
-    out = layout.copy(out, HostLayout::kWrite);
-  }
+  // An output inside the input other than as this rank's block would be
+  // written while peers still read that part of the input: reduce into a
+  // copy, written back when the call is done.
+  out = apartFrom(op, route, layout, in, out, HostLayout::kWrite, index);
   return opArgs(
       CollectiveKind::kReduceScatter, makeReduceSpec(op, input.scalar_type(), rop), in.data_ptr(),
       out.data_ptr(), static_cast<size_t>(output.numel()));

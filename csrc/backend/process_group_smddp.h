@@ -240,9 +240,16 @@ class ProcessGroupSMDDP : public ::c10d::Backend {
       const at::Tensor& t,
       const ::c10d::ReduceOp& rop,
       int64_t index = -1) const;
-  // Refuses, on the device path, tensors that overlapsOutOfPlace; the host
-  // path runs such calls on a copy.
-  void checkNoOverlapOnDevice(const char* op, Route route, int64_t index) const;
+  // `block` (a nativeBuffer), or, where it overlapsOutOfPlace with `whole`,
+  // its copy in `layout` on the host path; the device path refuses it.
+  at::Tensor apartFrom(
+      const char* op,
+      Route route,
+      HostLayout& layout,
+      const at::Tensor& whole,
+      const at::Tensor& block,
+      HostLayout::Access access,
+      int64_t index) const;
   algorithm::OpArgs allGatherArgs(
       const char* op,
       Route route,
