@@ -75,6 +75,11 @@ KNOBS: tuple[Knob, ...] = (
          "this host uses to reach the store."),
     Knob("SMDDP_SOCKET_STREAMS", True, "int", "2", "1..16",
          "TCP connections per peer pair; large transfers are striped over them."),
+    Knob("SMDDP_SOCKET_RCVBUF_BYTES", False, "autobytes", "auto", "0..1G",
+         "Receive buffer of each inter-node TCP connection (SO_RCVBUF, which the kernel doubles "
+         "for its bookkeeping and caps at net.core.rmem_max); 0 keeps the kernel's autotuning; "
+         "auto: 1M when the host's ranks outnumber its CPUs and rmem_max allows it (what a peer "
+         "sends then stays in cache until the receiver runs), else 0."),
     Knob("SMDDP_CUDA_RANKS_PER_GPU", True, "int", "1", "1..64",
          "Ranks that share one GPU (tests on a single GPU): their CUDA fallback is gloo, since "
          "nccl needs a GPU per rank."),

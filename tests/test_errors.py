@@ -559,6 +559,7 @@ _BAD_VALUES = [
     ("SMDDP_SINGLE_COPY", "yes"),
     ("SMDDP_PIPELINE", "always"),
     ("SMDDP_SOCKET_STREAMS", "0"),
+    ("SMDDP_SOCKET_RCVBUF_BYTES", "2G"),
     ("SMDDP_RANKS_PER_NODE", "-1"),
     ("SMDDP_FALLBACK", "mpi"),
     ("SMDDP_SHM_SLOT_BYTES", "2G"),

@@ -1,5 +1,7 @@
 #include "algorithm/communicator.h"
 
+#include <atomic>
+
 #include "algorithm/hierarchical.h"
 #include "algorithm/node_collectives.h"
 #include "algorithm/ring_communicator.h"
@@ -17,6 +19,34 @@ transport::WaitPolicy waitPolicyOf(const Config& config) {
   p.spin_us = config.spin_us >= 0 ? config.spin_us : (oversubscribed ? 0 : 20);
   p.yield_us = config.yield_us >= 0 ? config.yield_us : (oversubscribed ? 2000 : 20);
   return p;
+}
+
+transport::SocketMesh::Options socketOptions(const Config& config, const NetOptions& net) {
+  transport::SocketMesh::Options so;
+  so.interface = config.socket_ifname;
+  so.peer_hint = net.store_host;
+  so.streams = config.socket_streams;
+  so.timeout = net.timeout;
+  // Where a sender and its receiver take turns on one core, autotuning
+  // grows the receive queue to megabytes and what the sender wrote has left
+  // the cache when the receiver runs (2 x 2 on 2 cores: AllGather and
+  // ReduceScatter at 16M 20-40 % slower, see README). Ranks with cores of
+  // their own lose by the bound (2 x 1 on 2 cores: 15 % at 16M), and a size
+  // rmem_max would cap is better left to the kernel.
+  constexpr size_t kAutoRcvbuf = size_t{1} << 20;
+  const size_t max = transport::receiveBufferMax();
+  if (config.socket_rcvbuf_bytes == kAutoBytes) {
+    so.rcvbuf_bytes = config.oversubscribed() && max >= kAutoRcvbuf ? kAutoRcvbuf : 0;
+  } else {
+    so.rcvbuf_bytes = config.socket_rcvbuf_bytes;
+    static std::atomic<bool> warned{false};
+    if (max > 0 && so.rcvbuf_bytes > max && !warned.exchange(true)) {
+      SMDDP_LOG(
+          kWarn, "SMDDP_SOCKET_RCVBUF_BYTES=", so.rcvbuf_bytes, " exceeds net.core.rmem_max (", max,
+          "): the kernel grants ", max, " bytes; raise rmem_max (sysctl) or lower the value");
+    }
+  }
+  return so;
 }
 
 namespace {

@@ -24,6 +24,7 @@
 #include "common/store.h"
 #include "topology/topology.h"
 #include "transport/shm/futex.h"
+#include "transport/socket/socket_mesh.h"
 
 namespace smddp::algorithm {
 
@@ -64,5 +65,9 @@ std::unique_ptr<Communicator> createCommunicator(
 // The wait policy and the way a channel driver checks for aborts, shared by
 // the communicators.
 transport::WaitPolicy waitPolicyOf(const Config& config);
+
+// The inter-node sockets' options from the knobs (SMDDP_SOCKET_*), with
+// their "auto" values resolved for this host.
+transport::SocketMesh::Options socketOptions(const Config& config, const NetOptions& net);
 
 } // namespace smddp::algorithm

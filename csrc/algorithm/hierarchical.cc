@@ -132,11 +132,7 @@ HierarchicalCommunicator::HierarchicalCommunicator(
       peers.push_back(rail_[mod(n - 1, N)]);
     }
   }
-  transport::SocketMesh::Options so;
-  so.interface = config_.socket_ifname;
-  so.peer_hint = net.store_host;
-  so.streams = config_.socket_streams;
-  so.timeout = net.timeout;
+  const transport::SocketMesh::Options so = socketOptions(config_, net);
   mesh_ = std::make_unique<transport::SocketMesh>(store, "smddp/rail", topo_.rank(), peers, so);
   if (N > 1) {
     rail_next_ = &mesh_->channel(rail_[mod(n + 1, N)]);

@@ -28,11 +28,7 @@ RingCommunicator::RingCommunicator(
       socket_peers.push_back(prev);
     }
   }
-  transport::SocketMesh::Options so;
-  so.interface = config_.socket_ifname;
-  so.peer_hint = net.store_host;
-  so.streams = config_.socket_streams;
-  so.timeout = net.timeout;
+  const transport::SocketMesh::Options so = socketOptions(config_, net);
   // Collective over the group even for ranks without socket peers: every
   // rank publishes its address and rank 0 the group's secret.
   mesh_ = std::make_unique<transport::SocketMesh>(store, "smddp/ring", r, socket_peers, so);

@@ -86,6 +86,13 @@ constexpr size_t kAutoBytes = static_cast<size_t>(-1);
     "the address this host uses to reach the store.")                          \
   X(socket_streams, "SMDDP_SOCKET_STREAMS", true, int, "2", "1..16",                 \
     "TCP connections per peer pair; large transfers are striped over them.")   \
+  X(socket_rcvbuf_bytes, "SMDDP_SOCKET_RCVBUF_BYTES", false, autobytes, "auto",      \
+    "0..1G",                                                                   \
+    "Receive buffer of each inter-node TCP connection (SO_RCVBUF, which the "  \
+    "kernel doubles for its bookkeeping and caps at net.core.rmem_max); 0 "    \
+    "keeps the kernel's autotuning; auto: 1M when the host's ranks outnumber " \
+    "its CPUs and rmem_max allows it (what a peer sends then stays in cache "  \
+    "until the receiver runs), else 0.")                                       \
   X(cuda_ranks_per_gpu, "SMDDP_CUDA_RANKS_PER_GPU", true, int, "1", "1..64",         \
     "Ranks that share one GPU (tests on a single GPU): their CUDA fallback is "  \
     "gloo, since nccl needs a GPU per rank.")                                   \
@@ -114,6 +121,7 @@ struct Config {
   size_t huge_pages_min_bytes = 0;
   std::string socket_ifname;
   int socket_streams = 0;
+  size_t socket_rcvbuf_bytes = kAutoBytes;
   int cuda_ranks_per_gpu = 0;
   size_t cuda_staging_bytes = 0;
   int cuda_reduce_blocks = 0;

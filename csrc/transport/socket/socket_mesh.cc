@@ -7,6 +7,7 @@
 #include <algorithm>
 #include <atomic>
 #include <cerrno>
+#include <cstdint>
 #include <cstring>
 #include <exception>
 #include <mutex>
@@ -198,6 +199,18 @@ bool SocketChannel::progress() {
     moved = progressRecvs(s) || moved;
   }
   return moved;
+}
+
+size_t SocketChannel::receiveBufferBytes() const {
+  size_t least = SIZE_MAX;
+  for (const Stream& s : streams_) {
+    int v = 0;
+    socklen_t len = sizeof(v);
+    if (::getsockopt(s.fd.get(), SOL_SOCKET, SO_RCVBUF, &v, &len) == 0) {
+      least = std::min(least, static_cast<size_t>(v));
+    }
+  }
+  return least;
 }
 
 void SocketChannel::appendPollFds(std::vector<struct pollfd>* fds) const {
@@ -441,6 +454,17 @@ SocketMesh::SocketMesh(
   }
   if (accept_error) {
     std::rethrow_exception(accept_error);
+  }
+  // Both ends bound their receive buffers before any data moves (the
+  // handshakes are done), so the window a peer sees is the bounded one.
+  if (options.rcvbuf_bytes > 0) {
+    for (auto* side : {&accepted, &connected}) {
+      for (auto& [p, fds] : *side) {
+        for (Fd& fd : fds) {
+          setReceiveBuffer(fd.get(), options.rcvbuf_bytes);
+        }
+      }
+    }
   }
   for (auto& [p, fds] : accepted) {
     channels_[p] = std::make_unique<SocketChannel>(rank, p, std::move(fds), secret);

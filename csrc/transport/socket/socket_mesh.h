@@ -52,6 +52,9 @@ class SocketChannel : public Channel {
     return recvs_done_;
   }
   bool progress() override;
+  // The smallest SO_RCVBUF of its connections, as the kernel reports it
+  // (twice what was asked, for its bookkeeping).
+  size_t receiveBufferBytes() const;
   void appendPollFds(std::vector<struct pollfd>* fds) const override;
   void sendAbort(const std::string& why) override;
   void shutdown();
@@ -111,6 +114,8 @@ class SocketMesh {
     std::string interface;  // SMDDP_SOCKET_IFNAME
     std::string peer_hint;  // the store's host: where to route from
     int streams = 1;
+    // SO_RCVBUF of every connection; 0 keeps the kernel's autotuning.
+    size_t rcvbuf_bytes = 0;
     std::chrono::milliseconds timeout{30000};
   };
 

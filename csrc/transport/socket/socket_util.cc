@@ -9,8 +9,11 @@
 #include <poll.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
+#include <cstdint>
 #include <cstring>
+#include <fstream>
 #include <thread>
 
 #include "common/error.h"
@@ -261,6 +264,26 @@ void setKeepAlive(int fd) {
 void tuneConnection(int fd) {
   setNoDelay(fd);
   setKeepAlive(fd);
+}
+
+size_t receiveBufferMax() {
+  std::ifstream f("/proc/sys/net/core/rmem_max");
+  size_t v = 0;
+  if (!(f >> v)) {
+    return 0;
+  }
+  return v;
+}
+
+size_t setReceiveBuffer(int fd, size_t bytes) {
+  int want = static_cast<int>(std::min<size_t>(bytes, static_cast<size_t>(INT32_MAX / 2)));
+  SMDDP_SYSCHECK(::setsockopt(fd, SOL_SOCKET, SO_RCVBUF, &want, sizeof(want)), "setsockopt(SO_RCVBUF)");
+  int got = 0;
+  socklen_t len = sizeof(got);
+  if (::getsockopt(fd, SOL_SOCKET, SO_RCVBUF, &got, &len) != 0) {
+    return 0;
+  }
+  return static_cast<size_t>(got);
 }
 
 void sendAll(int fd, const void* buf, size_t n, const Deadline& deadline) {
