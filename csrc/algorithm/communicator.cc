@@ -128,14 +128,14 @@ std::unique_ptr<Communicator> createCommunicator(
     why = str("the topology is not uniform (", topology.describe(), ")");
   }
   // Every rank must choose the same schedule: hierarchical needs single-copy
-  // reads on every node.
+  // transfers on every node.
   if (why.empty()) {
     auto all = storeAllGather(
         store, "smddp/hier-ok", topology.rank(), topology.size(),
         {static_cast<uint8_t>(arena->singleCopyAvailable() ? 1 : 0)});
     for (int r = 0; r < topology.size() && why.empty(); ++r) {
       if (all[static_cast<size_t>(r)].empty() || all[static_cast<size_t>(r)][0] != 1) {
-        why = str("single-copy reads are unavailable on the node of rank ", r,
+        why = str("single-copy transfers are unavailable on the node of rank ", r,
                   " (cross-memory attach refused; is ptrace restricted?)");
       }
     }

@@ -22,7 +22,7 @@ namespace smddp::transport {
 namespace {
 
 constexpr uint64_t kMagic = 0x736d646470617231ull; // "smddpar1"
-constexpr uint32_t kVersion = 2;
+constexpr uint32_t kVersion = 3;
 
 size_t alignUp(size_t x, size_t a) {
   return (x + a - 1) / a * a;
@@ -184,14 +184,18 @@ void NodeArena::waitAttached(const Deadline& deadline) {
 }
 
 void NodeArena::probeSingleCopy(const Deadline& deadline) {
-  // Each rank publishes the address and value of a private cookie; the
-  // others try to read it with process_vm_readv. Only if every rank reads
-  // every other does the node use single-copy paths.
+  // Each rank publishes the address and value of a private cookie, and the
+  // address of a private word; the others try to read the cookie with
+  // process_vm_readv and to write it back into the word with
+  // process_vm_writev (a sandbox may allow one and not the other). Only if
+  // every rank reads and writes every other does the node use single-copy
+  // paths.
   RankControl& me = controls_[local_rank_];
   probe_cookie_ = (static_cast<uint64_t>(me.pid) << 20) ^ 0x5a5a5a5a12345678ull ^
       reinterpret_cast<uint64_t>(this);
   me.cookie = probe_cookie_;
   me.cookie_addr = reinterpret_cast<uint64_t>(&probe_cookie_);
+  me.echo_addr = reinterpret_cast<uint64_t>(&probe_echo_);
   post();
   waitAllPhase(my_phase_, deadline);
   bool ok = true;
@@ -203,13 +207,24 @@ void NodeArena::probeSingleCopy(const Deadline& deadline) {
     struct iovec local = {&got, sizeof(got)};
     struct iovec remote = {reinterpret_cast<void*>(controls_[l].cookie_addr), sizeof(got)};
     ssize_t n = ::process_vm_readv(pids_[l], &local, 1, &remote, 1, 0);
-    if (n != static_cast<ssize_t>(sizeof(got)) || got != controls_[l].cookie) {
+    const char* what = "reading";
+    if (n == static_cast<ssize_t>(sizeof(got)) && got == controls_[l].cookie) {
+      struct iovec echo = {reinterpret_cast<void*>(controls_[l].echo_addr), sizeof(got)};
+      n = ::process_vm_writev(pids_[l], &local, 1, &echo, 1, 0);
+      what = "writing";
+      if (n == static_cast<ssize_t>(sizeof(got))) {
+        continue;
+      }
+    }
+    {
       int err = errno;
       SMDDP_LOG(
           kInfo,
-          "single-copy reads between ranks of this node are unavailable (rank ",
+          "single-copy transfers between ranks of this node are unavailable (rank ",
           group_ranks_[local_rank_],
-          " reading rank ",
+          " ",
+          what,
+          " rank ",
           group_ranks_[l],
           ": ",
           n < 0 ? errnoString(err) : std::string("wrong data"),
@@ -289,11 +304,19 @@ void NodeArena::waitProgress(int l, uint32_t target, const Deadline& deadline) {
 }
 
 void NodeArena::readFrom(int l, void* dst, uint64_t src, size_t bytes) {
-  auto* d = static_cast<uint8_t*>(dst);
+  crossMemory(l, static_cast<uint8_t*>(dst), src, bytes, false);
+}
+
+void NodeArena::writeTo(int l, uint64_t dst, const void* src, size_t bytes) {
+  crossMemory(l, static_cast<uint8_t*>(const_cast<void*>(src)), dst, bytes, true);
+}
+
+void NodeArena::crossMemory(int l, uint8_t* local, uint64_t remote, size_t bytes, bool write) {
   while (bytes > 0) {
-    struct iovec local = {d, bytes};
-    struct iovec remote = {reinterpret_cast<void*>(src), bytes};
-    ssize_t n = ::process_vm_readv(pids_[l], &local, 1, &remote, 1, 0);
+    struct iovec mine = {local, bytes};
+    struct iovec theirs = {reinterpret_cast<void*>(remote), bytes};
+    ssize_t n = write ? ::process_vm_writev(pids_[l], &mine, 1, &theirs, 1, 0)
+                      : ::process_vm_readv(pids_[l], &mine, 1, &theirs, 1, 0);
     if (n < 0) {
       if (errno == EINTR) {
         continue;
@@ -303,19 +326,20 @@ void NodeArena::readFrom(int l, void* dst, uint64_t src, size_t bytes) {
       checkAlive(l);
       SMDDP_THROW(
           kComm,
-          "single-copy read of ",
+          "single-copy ",
+          write ? "write of " : "read of ",
           bytes,
-          " bytes from ",
+          write ? " bytes to " : " bytes from ",
           describePeer(l),
           " failed: ",
           errnoString(err));
     }
     if (n == 0) {
       checkAlive(l);
-      SMDDP_THROW(kComm, "single-copy read from ", describePeer(l), " returned no data");
+      SMDDP_THROW(kComm, "single-copy ", write ? "write to " : "read from ", describePeer(l), " moved no data");
     }
-    d += n;
-    src += static_cast<uint64_t>(n);
+    local += n;
+    remote += static_cast<uint64_t>(n);
     bytes -= static_cast<size_t>(n);
   }
 }

@@ -63,7 +63,8 @@ struct alignas(64) RankControl {
   uint64_t cookie = 0;
   uint64_t cookie_addr = 0;
   uint32_t single_copy_ok = 0;
-  char pad0[20];
+  uint64_t echo_addr = 0;
+  char pad0[12];
   // Rung by the owner on every post (peers waiting for one rank sleep here).
   Doorbell bell;
   // Rung by whoever posts something for this rank (point-to-point channels:
@@ -167,6 +168,8 @@ class NodeArena {
 
   // Copies `bytes` from address `src` of local rank l into `dst`.
   void readFrom(int l, void* dst, uint64_t src, size_t bytes);
+  // Copies `bytes` from `src` to address `dst` of local rank l.
+  void writeTo(int l, uint64_t dst, const void* src, size_t bytes);
 
   // Marks the arena failed: every local rank's next wait throws `msg`.
   void abort(const std::string& msg);
@@ -180,6 +183,9 @@ class NodeArena {
   void checkAlive(int l);
 
  private:
+  // process_vm_readv/writev of `bytes` between `local` and local rank l's
+  // address `remote`, resumed after partial transfers.
+  void crossMemory(int l, uint8_t* local, uint64_t remote, size_t bytes, bool write);
   void initControl();
   void waitAttached(const Deadline& deadline);
   void probeSingleCopy(const Deadline& deadline);
@@ -208,6 +214,7 @@ class NodeArena {
   uint32_t my_progress_ = 0;
   bool single_copy_ok_ = false;
   uint64_t probe_cookie_ = 0;
+  uint64_t probe_echo_ = 0;
 };
 
 } // namespace smddp::transport
