@@ -453,6 +453,47 @@ SMDDP_TEST(hierarchical_hosts_that_choose_differently) {
   }
 }
 
+// The rail's AllGather cuts blocks finer than SMDDP_CHUNK_BYTES (at most
+// half a block, not under 256K), alike on every path: blocks of one, two and
+// more such chunks, in and out of place, on hosts that pipeline, that do not,
+// and on both kinds at once.
+SMDDP_TEST(hierarchical_gather_chunks_across_hosts) {
+  for (size_t p = 0; p < 3; ++p) {
+    std::fprintf(stderr, "  hosts %zu\n", p);
+    runShape(
+        2, 2, {{"SMDDP_SINGLE_COPY", "on"}, {"SMDDP_CHUNK_BYTES", "1M"}, {"SMDDP_SHM_SLOT_BYTES", "1M"}},
+        "hierarchical",
+        [&](int rank, int world, algorithm::Communicator& comm, uint64_t& seq) {
+          std::function<void(const std::string&)> bad = [&](const std::string& what) {
+            ::smddp::test::fail(__FILE__, __LINE__, str("rank ", rank, " hosts ", p, ": ", what));
+          };
+          const size_t W = static_cast<size_t>(world);
+          for (size_t n : {size_t{50000}, size_t{75001}, size_t{200000}, size_t{262147}, size_t{600001}}) {
+            const Deadline dl = Deadline::after(std::chrono::seconds(30));
+            std::vector<float> in(n), out(n * W, -1.f);
+            for (size_t i = 0; i < n; ++i) {
+              in[i] = value(rank, i);
+            }
+            allGatherChecked(comm, world, seq, dl, in.data(), out.data(), n, bad);
+            std::vector<float> whole(n * W, -1.f);
+            float* mine = whole.data() + static_cast<size_t>(rank) * n;
+            std::copy(in.begin(), in.end(), mine);
+            allGatherChecked(comm, world, seq, dl, mine, whole.data(), n, bad);
+          }
+        },
+        [&](int rank, Config& cfg) {
+          // Hosts 0: every one short of cores; 1: node 1's; 2: none.
+          if (p == 0 || (p == 1 && rank / 2 == 1)) {
+            cfg.host_ranks = 8;
+            cfg.host_cpus = 1;
+          } else {
+            cfg.host_ranks = 1;
+            cfg.host_cpus = 8;
+          }
+        });
+  }
+}
+
 // Calls that differ between the ranks of a node, some small enough to go
 // one stage after the other (rail first) and some pipelined (node first):
 // every rank learns of the mismatch at once instead of waiting on a rail
