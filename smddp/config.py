@@ -30,8 +30,8 @@ KNOBS: tuple[Knob, ...] = (
          "schedule its path from the message size; ring forces the flat ring; hierarchical forces "
          "rails + node."),
     Knob("SMDDP_CHUNK_BYTES", True, "bytes", "1M", "4K..1G",
-         "Pipeline chunk of the hierarchical and ring schedules (the hierarchical AllGather's "
-         "rail takes at most half a block, but not under 256K)."),
+         "Pipeline chunk of the hierarchical and ring schedules (the rails of the hierarchical "
+         "AllGather and ReduceScatter take at most half a block, but not under 256K)."),
     Knob("SMDDP_RANKS_PER_NODE", True, "int", "0", "0..1048576",
          "Emulate nodes: consecutive groups of this many ranks of one host act as separate "
          "nodes (0: a node is a host)."),

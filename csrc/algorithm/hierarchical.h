@@ -111,9 +111,10 @@ class HierarchicalCommunicator : public Communicator {
 
  private:
   Ring railRing(const OpArgs& args, bool with_wake);
-  // The chunk of the rail's AllGather for blocks of `b` bytes, the same on
-  // every path (rail peers may take different ones).
-  size_t gatherChunk(size_t b) const;
+  // The chunk of the rail's AllGather and ReduceScatter for blocks of `b`
+  // bytes of elements of `es` bytes, the same on every path (rail peers may
+  // take different ones).
+  size_t railChunk(size_t b, size_t es) const;
   // Byte offsets of my rail's blocks (of `b` bytes) in a rank-major buffer.
   std::vector<size_t> railOffsets(size_t b) const;
   // The rail stages: AllGather of my rail's blocks in args.out (mine already

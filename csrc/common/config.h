@@ -37,8 +37,9 @@ constexpr size_t kAutoBytes = static_cast<size_t>(-1);
     "otherwise the flat ring), and each schedule its path from the message "   \
     "size; ring forces the flat ring; hierarchical forces rails + node.")      \
   X(chunk_bytes, "SMDDP_CHUNK_BYTES", true, bytes, "1M", "4K..1G",                   \
-    "Pipeline chunk of the hierarchical and ring schedules (the hierarchical " \
-    "AllGather's rail takes at most half a block, but not under 256K).")      \
+    "Pipeline chunk of the hierarchical and ring schedules (the rails of the " \
+    "hierarchical AllGather and ReduceScatter take at most half a block, but "\
+    "not under 256K).")                                                       \
   X(ranks_per_node, "SMDDP_RANKS_PER_NODE", true, int, "0", "0..1048576",            \
     "Emulate nodes: consecutive groups of this many ranks of one host act as " \
     "separate nodes (0: a node is a host).")                                   \

@@ -453,11 +453,11 @@ SMDDP_TEST(hierarchical_hosts_that_choose_differently) {
   }
 }
 
-// The rail's AllGather cuts blocks finer than SMDDP_CHUNK_BYTES (at most
-// half a block, not under 256K), alike on every path: blocks of one, two and
-// more such chunks, in and out of place, on hosts that pipeline, that do not,
-// and on both kinds at once.
-SMDDP_TEST(hierarchical_gather_chunks_across_hosts) {
+// The rail's AllGather and ReduceScatter cut blocks finer than
+// SMDDP_CHUNK_BYTES (at most half a block, not under 256K), alike on every
+// path: blocks of one, two and more such chunks, in and out of place, on
+// hosts that pipeline, that do not, and on both kinds at once.
+SMDDP_TEST(hierarchical_rail_chunks_across_hosts) {
   for (size_t p = 0; p < 3; ++p) {
     std::fprintf(stderr, "  hosts %zu\n", p);
     runShape(
@@ -479,6 +479,13 @@ SMDDP_TEST(hierarchical_gather_chunks_across_hosts) {
             float* mine = whole.data() + static_cast<size_t>(rank) * n;
             std::copy(in.begin(), in.end(), mine);
             allGatherChecked(comm, world, seq, dl, mine, whole.data(), n, bad);
+            std::vector<float> all(n * W), part(n, -1.f);
+            for (size_t i = 0; i < all.size(); ++i) {
+              all[i] = value(rank, i);
+            }
+            reduceScatterChecked(comm, rank, world, seq, dl, ReduceOp::kSum, all.data(), part.data(), n, bad);
+            reduceScatterChecked(comm, rank, world, seq, dl, ReduceOp::kAvg, all.data(),
+                                 all.data() + static_cast<size_t>(rank) * n, n, bad);
           }
         },
         [&](int rank, Config& cfg) {
