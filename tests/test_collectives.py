@@ -1173,7 +1173,7 @@ def test_emulated_nodes(pools) -> None:
     # The pool is shared with test_registration's topology test. Small
     # messages run the hierarchical stages one after the other through the
     # staging slots, EMULATED_LARGE elements per block (more than 512K of a
-    # rail's data) by single-copy reads; with SMDDP_PIPELINE=on the stages
+    # rail's data) by single-copy transfers; with SMDDP_PIPELINE=on the stages
     # run at once, on two threads (on a host with more cores than ranks, the
     # default for large messages).
     # Both paths give the same bits. (On 2 x 2 every sum has two operands,
