@@ -105,6 +105,36 @@ def _huge_bytes(t: torch.Tensor) -> int:
     return total
 
 
+def _advised(t: torch.Tensor) -> bool:
+    """Whether every mapping inside the 2 MiB-aligned part of `t` carries
+    MADV_HUGEPAGE ("hg" in its VmFlags)."""
+    lo_t = (t.data_ptr() + HUGE - 1) // HUGE * HUGE
+    hi_t = (t.data_ptr() + t.numel() * t.element_size()) // HUGE * HUGE
+    inside, seen, ok = False, False, True
+    with open("/proc/self/smaps") as f:
+        for line in f:
+            head = line.split()[0]
+            if "-" in head and not head.endswith(":"):
+                lo, hi = (int(x, 16) for x in head.split("-"))
+                inside = lo < hi_t and lo_t < hi
+            elif inside and head == "VmFlags:":
+                seen = True
+                ok = ok and "hg" in line.split()[1:]
+    return seen and ok
+
+
+def _thp_refusals() -> int:
+    """Huge-page faults the kernel served with small pages, and huge pages it
+    split, so far (system-wide, /proc/vmstat)."""
+    total = 0
+    with open("/proc/vmstat") as f:
+        for line in f:
+            key, value = line.split()
+            if key in ("thp_fault_fallback", "thp_split_page", "thp_split_pmd"):
+                total += int(value)
+    return total
+
+
 def case_huge_pages() -> list[str]:
     rank, world = dist.get_rank(), dist.get_world_size()
     bad: list[str] = []
@@ -156,9 +186,15 @@ def case_huge_pages() -> list[str]:
     # advise: an output not yet written is faulted in with huge pages; the
     # written input keeps its pages.
     inp, out = written(ELEMS, float(rank)), maps.tensor(world * ELEMS)
+    refusals = _thp_refusals()
     gather(out, inp, groups["advise"])
     gather(out, inp, groups["advise"])
-    if not huge(out):
+    if not _advised(out):
+        bad.append("advise: the unwritten output was not advised (no hg in its VmFlags)")
+    elif not huge(out) and _thp_refusals() == refusals:
+        # Advised, and the kernel neither fell back to small pages nor split
+        # huge ones meanwhile: the pages were never asked for as huge. (A
+        # fragmented or reclaiming host may refuse them: that is its call.)
         bad.append(f"advise: the unwritten output has {_huge_bytes(out)} bytes in huge pages")
     if _huge_bytes(inp) == inp.numel() * 4:
         bad.append("advise: the written input was collapsed")
