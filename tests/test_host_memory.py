@@ -88,21 +88,27 @@ class _Mappings:
             self.libc.munmap(base, total)
 
 
-def _huge_bytes(t: torch.Tensor) -> int:
-    """AnonHugePages of the mappings that hold `t` (the advice splits a
-    mapping at the 2 MiB boundaries inside the buffer)."""
-    lo_t, hi_t = t.data_ptr(), t.data_ptr() + t.numel() * t.element_size()
+def _smaps_field(lo_t: int, hi_t: int, field: str) -> list[list[str]]:
+    """The values of `field` ("AnonHugePages:") of every mapping that
+    overlaps [lo_t, hi_t), as /proc/self/smaps gives them, split."""
     inside = False
-    total = 0
+    values = []
     with open("/proc/self/smaps") as f:
         for line in f:
             head = line.split()[0]
             if "-" in head and not head.endswith(":"):
                 lo, hi = (int(x, 16) for x in head.split("-"))
                 inside = lo < hi_t and lo_t < hi
-            elif inside and head == "AnonHugePages:":
-                total += int(line.split()[1]) * 1024
-    return total
+            elif inside and head == field:
+                values.append(line.split()[1:])
+    return values
+
+
+def _huge_bytes(t: torch.Tensor) -> int:
+    """AnonHugePages of the mappings that hold `t` (the advice splits a
+    mapping at the 2 MiB boundaries inside the buffer)."""
+    lo_t, hi_t = t.data_ptr(), t.data_ptr() + t.numel() * t.element_size()
+    return sum(int(v[0]) * 1024 for v in _smaps_field(lo_t, hi_t, "AnonHugePages:"))
 
 
 def _advised(t: torch.Tensor) -> bool:
@@ -110,17 +116,8 @@ def _advised(t: torch.Tensor) -> bool:
     MADV_HUGEPAGE ("hg" in its VmFlags)."""
     lo_t = (t.data_ptr() + HUGE - 1) // HUGE * HUGE
     hi_t = (t.data_ptr() + t.numel() * t.element_size()) // HUGE * HUGE
-    inside, seen, ok = False, False, True
-    with open("/proc/self/smaps") as f:
-        for line in f:
-            head = line.split()[0]
-            if "-" in head and not head.endswith(":"):
-                lo, hi = (int(x, 16) for x in head.split("-"))
-                inside = lo < hi_t and lo_t < hi
-            elif inside and head == "VmFlags:":
-                seen = True
-                ok = ok and "hg" in line.split()[1:]
-    return seen and ok
+    flags = _smaps_field(lo_t, hi_t, "VmFlags:")
+    return bool(flags) and all("hg" in f for f in flags)
 
 
 def _thp_refusals() -> int:

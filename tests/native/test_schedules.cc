@@ -60,6 +60,22 @@ void allGatherChecked(algorithm::Communicator& comm, int world, uint64_t& seq, c
   }
 }
 
+// AllGather of n floats of value(rank, i) per rank, out of place, then in
+// place (the input is this rank's block of the output), both checked.
+void allGatherBothWays(algorithm::Communicator& comm, int rank, int world, uint64_t& seq, const Deadline& dl,
+                       size_t n, const std::function<void(const std::string&)>& bad) {
+  const size_t W = static_cast<size_t>(world);
+  std::vector<float> in(n), out(n * W, -1.f);
+  for (size_t i = 0; i < n; ++i) {
+    in[i] = value(rank, i);
+  }
+  allGatherChecked(comm, world, seq, dl, in.data(), out.data(), n, bad);
+  std::vector<float> whole(n * W, -1.f);
+  float* mine = whole.data() + static_cast<size_t>(rank) * n;
+  std::copy(in.begin(), in.end(), mine);
+  allGatherChecked(comm, world, seq, dl, mine, whole.data(), n, bad);
+}
+
 // One ReduceScatter of world blocks of n floats at `in` into `out` (which
 // may be this rank's block of `in`), checked; `in` holds value(rank, i).
 void reduceScatterChecked(algorithm::Communicator& comm, int rank, int world, uint64_t& seq, const Deadline& dl,
@@ -92,17 +108,7 @@ bool runOps(int rank, int world, algorithm::Communicator& comm, uint64_t& seq) {
   const size_t W = static_cast<size_t>(world);
   for (size_t n : sizes) {
     Deadline dl = Deadline::after(std::chrono::seconds(30));
-    {  // AllGather, then in place: the input is this rank's block of the output
-      std::vector<float> in(n), out(n * W, -1.f);
-      for (size_t i = 0; i < n; ++i) {
-        in[i] = value(rank, i);
-      }
-      allGatherChecked(comm, world, seq, dl, in.data(), out.data(), n, bad);
-      std::vector<float> whole(n * W, -1.f);
-      float* mine = whole.data() + static_cast<size_t>(rank) * n;
-      std::copy(in.begin(), in.end(), mine);
-      allGatherChecked(comm, world, seq, dl, mine, whole.data(), n, bad);
-    }
+    allGatherBothWays(comm, rank, world, seq, dl, n, bad);
     {  // ReduceScatter SUM and AVG, then SUM in place (the output is this
        // rank's block of the input)
       std::vector<float> in(n * W), out(n, -1.f);
@@ -470,15 +476,7 @@ SMDDP_TEST(hierarchical_rail_chunks_across_hosts) {
           const size_t W = static_cast<size_t>(world);
           for (size_t n : {size_t{50000}, size_t{75001}, size_t{200000}, size_t{262147}, size_t{600001}}) {
             const Deadline dl = Deadline::after(std::chrono::seconds(30));
-            std::vector<float> in(n), out(n * W, -1.f);
-            for (size_t i = 0; i < n; ++i) {
-              in[i] = value(rank, i);
-            }
-            allGatherChecked(comm, world, seq, dl, in.data(), out.data(), n, bad);
-            std::vector<float> whole(n * W, -1.f);
-            float* mine = whole.data() + static_cast<size_t>(rank) * n;
-            std::copy(in.begin(), in.end(), mine);
-            allGatherChecked(comm, world, seq, dl, mine, whole.data(), n, bad);
+            allGatherBothWays(comm, rank, world, seq, dl, n, bad);
             std::vector<float> all(n * W), part(n, -1.f);
             for (size_t i = 0; i < all.size(); ++i) {
               all[i] = value(rank, i);

@@ -216,21 +216,19 @@ void NodeArena::probeSingleCopy(const Deadline& deadline) {
         continue;
       }
     }
-    {
-      int err = errno;
-      SMDDP_LOG(
-          kInfo,
-          "single-copy transfers between ranks of this node are unavailable (rank ",
-          group_ranks_[local_rank_],
-          " ",
-          what,
-          " rank ",
-          group_ranks_[l],
-          ": ",
-          n < 0 ? errnoString(err) : std::string("wrong data"),
-          "); staging through shared memory");
-      ok = false;
-    }
+    int err = errno;
+    SMDDP_LOG(
+        kInfo,
+        "single-copy transfers between ranks of this node are unavailable (rank ",
+        group_ranks_[local_rank_],
+        " ",
+        what,
+        " rank ",
+        group_ranks_[l],
+        ": ",
+        n < 0 ? errnoString(err) : std::string("wrong data"),
+        "); staging through shared memory");
+    ok = false;
   }
   me.single_copy_ok = ok ? 1 : 0;
   post();

@@ -275,15 +275,9 @@ size_t receiveBufferMax() {
   return v;
 }
 
-size_t setReceiveBuffer(int fd, size_t bytes) {
+void setReceiveBuffer(int fd, size_t bytes) {
   int want = static_cast<int>(std::min<size_t>(bytes, static_cast<size_t>(INT32_MAX / 2)));
   SMDDP_SYSCHECK(::setsockopt(fd, SOL_SOCKET, SO_RCVBUF, &want, sizeof(want)), "setsockopt(SO_RCVBUF)");
-  int got = 0;
-  socklen_t len = sizeof(got);
-  if (::getsockopt(fd, SOL_SOCKET, SO_RCVBUF, &got, &len) != 0) {
-    return 0;
-  }
-  return static_cast<size_t>(got);
 }
 
 void sendAll(int fd, const void* buf, size_t n, const Deadline& deadline) {

@@ -78,9 +78,8 @@ void tuneConnection(int fd);
 // net.core.rmem_max, the largest SO_RCVBUF an unprivileged process gets
 // (0 if it cannot be read).
 size_t receiveBufferMax();
-// SO_RCVBUF = bytes (which also ends the kernel's autotuning of it);
-// returns the size the kernel granted, as it reports it (doubled).
-size_t setReceiveBuffer(int fd, size_t bytes);
+// SO_RCVBUF = bytes (which also ends the kernel's autotuning of it).
+void setReceiveBuffer(int fd, size_t bytes);
 
 // Blocking transfers (handshakes): whole buffers or throw (kComm/kTimeout).
 void sendAll(int fd, const void* buf, size_t n, const Deadline& deadline);
