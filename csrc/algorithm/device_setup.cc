@@ -1,0 +1,133 @@
+#include "algorithm/device_setup.h"
+
+#include <set>
+
+#include "common/error.h"
+#include "common/log.h"
+
+namespace smddp::algorithm {
+
+namespace {
+
+// What a rank publishes after its export: 1 + the bytes, or 0 + why not.
+std::vector<uint8_t> exportRecord(bool ok, const std::vector<uint8_t>& payload) {
+  std::vector<uint8_t> out;
+  out.reserve(payload.size() + 1);
+  out.push_back(ok ? 1 : 0);
+  out.insert(out.end(), payload.begin(), payload.end());
+  return out;
+}
+
+} // namespace
+
+const char* deviceModeName(DeviceMode mode) {
+  switch (mode) {
+    case DeviceMode::kNode:
+      return "node";
+    case DeviceMode::kRails:
+      return "rails";
+    case DeviceMode::kHostStaging:
+      return "host staging";
+  }
+  return "unknown";
+}
+
+DeviceSetup::DeviceSetup(const topology::Topology& topology, const Config& config)
+    : topo_(topology), config_(config) {}
+
+bool DeviceSetup::reduceOnDevice() const {
+  return topo_.localSize() <= kMaxDeviceSources;
+}
+
+DevicePlan DeviceSetup::plan(Store& store, transport::DeviceLinks& links) {
+  DevicePlan p;
+  p.scope = str("smddp/device/", next_++);
+  p.reduce_on_device = reduceOnDevice();
+  const int rank = topo_.rank();
+  const int size = topo_.size();
+
+  // Which GPU each rank drives decides how nodes talk: NCCL needs one each.
+  auto ids = storeAllGather(store, p.key("identity"), rank, size, toBytes(links.identity()));
+  std::set<std::string> distinct;
+  for (const auto& id : ids) {
+    distinct.insert(toString(id));
+  }
+  const bool own_gpu = distinct.size() == static_cast<size_t>(size);
+  if (topo_.numNodes() == 1) {
+    p.mode = DeviceMode::kNode;
+  } else if (!topo_.uniform()) {
+    p.mode = DeviceMode::kHostStaging;
+    p.why = str("the topology is not uniform (", topo_.describe(), ")");
+  } else if (config_.cuda_inter_node == "host") {
+    p.mode = DeviceMode::kHostStaging;
+    p.why = "SMDDP_CUDA_INTER_NODE=host";
+  } else if (!own_gpu) {
+    p.mode = DeviceMode::kHostStaging;
+    p.why = "ranks share GPUs (NCCL rails need a GPU per rank)";
+  } else {
+    p.mode = DeviceMode::kRails;
+  }
+  if (p.mode == DeviceMode::kHostStaging && config_.cuda_inter_node == "nccl" && rank == 0) {
+    SMDDP_LOG(kWarn, "SMDDP_CUDA_INTER_NODE=nccl cannot be honoured: ", p.why,
+              "; staging CUDA collectives through host memory instead");
+  }
+  if (p.mode != DeviceMode::kHostStaging && !config_.cuda_ipc) {
+    p.mode = DeviceMode::kHostStaging;
+    p.why = "SMDDP_CUDA_IPC=off";
+  }
+  if (p.mode == DeviceMode::kHostStaging) {
+    return p;
+  }
+
+  // Link the node: a failed export is published too, so nobody waits for it.
+  const int node = topo_.myNode();
+  const int me = topo_.myLocalRank();
+  const std::vector<int>& ranks = topo_.nodeRanks(node);
+  std::string failure;
+  std::vector<uint8_t> mine;
+  try {
+    mine = exportRecord(true, links.exportLocal());
+  } catch (const Error& e) {
+    failure = str("rank ", rank, " could not export its device memory: ", e.what());
+    mine = exportRecord(false, toBytes(failure));
+  }
+  auto exported = storeAllGather(store, p.key(str("export/", node)), me, static_cast<int>(ranks.size()), mine);
+  for (int l = 0; l < static_cast<int>(ranks.size()) && failure.empty(); ++l) {
+    if (l == me) {
+      continue;
+    }
+    const auto& rec = exported[static_cast<size_t>(l)];
+    if (rec.empty() || rec[0] != 1) {
+      failure = rec.empty() ? str("rank ", ranks[static_cast<size_t>(l)], " published nothing")
+                            : toString(std::vector<uint8_t>(rec.begin() + 1, rec.end()));
+      continue;
+    }
+    try {
+      links.importPeer(l, std::vector<uint8_t>(rec.begin() + 1, rec.end()));
+    } catch (const Error& e) {
+      failure = str("rank ", rank, " could not map the device memory of rank ", ranks[static_cast<size_t>(l)], ": ",
+                    e.what());
+    }
+  }
+  // Every rank of the group takes the same mode.
+  auto verdicts = storeAllGather(store, p.key("linked"), rank, size, toBytes(failure));
+  for (const auto& v : verdicts) {
+    if (!v.empty()) {
+      p.mode = DeviceMode::kHostStaging;
+      p.why = str("CUDA IPC is unavailable: ", toString(v));
+      break;
+    }
+  }
+  if (p.mode == DeviceMode::kHostStaging) {
+    // Exports are freed only once no peer maps them any more.
+    links.closeImports();
+    storeBarrier(store, p.key(str("unlinked/", node)), static_cast<int>(ranks.size()));
+    links.releaseExports();
+    if (rank == 0) {
+      SMDDP_LOG(kWarn, p.why, "; CUDA collectives stage through host memory (set SMDDP_CUDA_IPC=off to say so)");
+    }
+  }
+  return p;
+}
+
+} // namespace smddp::algorithm
