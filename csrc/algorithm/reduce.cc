@@ -73,6 +73,20 @@ void finalizeInPlace(const ReduceSpec& spec, void* dst, size_t count, bool raw) 
   reduce(spec, dst, src, 1, count, raw, true);
 }
 
+ReduceSpec collectiveReduceSpec(DataType dtype, ReduceOp op, double premul, int group_size) {
+  ReduceSpec spec;
+  spec.dtype = dtype;
+  spec.op = op;
+  spec.premul = op == ReduceOp::kPremulSum ? premul : 1.0;
+  spec.divisor = static_cast<double>(group_size);
+  if (op == ReduceOp::kAvg && dtype == DataType::kFloat16) {
+    spec.op = ReduceOp::kPremulSum;
+    spec.premul = 1.0 / static_cast<double>(group_size);
+    spec.divisor = 1.0;
+  }
+  return spec;
+}
+
 const char* reduceKernelIsa() {
   return gIsa.load() == 1 ? "avx512" : "generic";
 }

@@ -48,6 +48,13 @@ void reduce(
 // whole reduction (a group of one).
 void finalizeInPlace(const ReduceSpec& spec, void* dst, size_t count, bool raw);
 
+// The reduction a collective over `group_size` ranks runs for `op`: AVG
+// divides the sum by the group size, except on float16, whose partial sums
+// overflow (past 65504) where the average does not: there each input is
+// multiplied by 1/group_size first, as PREMUL_SUM does. `premul` is
+// PREMUL_SUM's factor. Every path (CPU and CUDA) reduces with this spec.
+ReduceSpec collectiveReduceSpec(DataType dtype, ReduceOp op, double premul, int group_size);
+
 // Name of the kernel set in use ("avx512" or "generic"), for logs and tests.
 const char* reduceKernelIsa();
 

@@ -120,23 +120,37 @@ void ringReduceScatter(
     reduce(spec, dst, src, 1, counts[0], raw, finalize);
     return;
   }
-  // Raw PREMUL_SUM inputs: the ring adds them, the factor scales the sum once.
-  const bool scale_after = raw && spec.op == ReduceOp::kPremulSum;
-  ReduceSpec add = spec;
-  if (scale_after) {
-    SMDDP_ASSERT(!contrib.finish, "raw PREMUL_SUM contributions cannot be finished by the caller");
-    add.op = ReduceOp::kSum;
-  }
   const size_t chunk_elems = std::max<size_t>(1, ring.chunk_bytes / es);
   const size_t chunk = chunk_elems * es;
   std::vector<size_t> bytes(counts.size());
+  size_t all_bytes = 0;
   for (size_t i = 0; i < counts.size(); ++i) {
     bytes[i] = counts[i] * es;
+    all_bytes += bytes[i];
   }
   const size_t maxb = *std::max_element(bytes.begin(), bytes.end());
   const size_t C = ringChunks(maxb, chunk);
   const uint64_t total = static_cast<uint64_t>(n - 1) * C;
-  uint8_t* tmp = scratch->reserve(static_cast<size_t>(n - 1) * maxb);
+  // Raw PREMUL_SUM inputs are scaled before anything is added (the op's
+  // meaning, and what keeps a sum of pre-divided float16 gradients finite):
+  // into a copy, which the ring then adds as partials.
+  const bool prescale = raw && spec.op == ReduceOp::kPremulSum && spec.premul != 1.0;
+  uint8_t* tmp = scratch->reserve(static_cast<size_t>(n - 1) * maxb + (prescale ? all_bytes : 0));
+  Contributions scaled;
+  if (prescale) {
+    SMDDP_ASSERT(!contrib.finish && !contrib.ready, "raw PREMUL_SUM contributions must be whole at the start");
+    uint8_t* copy = tmp + static_cast<size_t>(n - 1) * maxb;
+    scaled.base = copy;
+    size_t at = 0;
+    for (int i = 0; i < n; ++i) {
+      const void* src[1] = {contrib.base + contrib.offsets[static_cast<size_t>(i)]};
+      reduce(spec, copy + at, src, 1, counts[static_cast<size_t>(i)], true, false);
+      scaled.offsets.push_back(at);
+      at += bytes[static_cast<size_t>(i)];
+    }
+  }
+  const Contributions& ins = prescale ? scaled : contrib;
+  const ReduceSpec& add = spec;
   Channel* next = ring.next;
   Channel* prev = ring.prev;
   const uint64_t sbase = next->sendsDone();
@@ -167,11 +181,11 @@ void ringReduceScatter(
       if (own_finish) {
         contrib.finish(dst + c * chunk, part, c * chunk, len / es);
       } else {
-        const void* srcs[2] = {part, contrib.base + contrib.offsets[m] + c * chunk};
+        const void* srcs[2] = {part, ins.base + ins.offsets[m] + c * chunk};
         if (s < n - 2) {
           reduce(add, part, srcs, 2, len / es, false, false);
         } else {
-          reduce(add, dst + c * chunk, srcs, 2, len / es, false, finalize && !scale_after);
+          reduce(add, dst + c * chunk, srcs, 2, len / es, false, finalize);
         }
       }
       ++processed;
@@ -187,7 +201,7 @@ void ringReduceScatter(
         if (!ready(m, c)) {
           break;
         }
-        src = contrib.base + contrib.offsets[m] + c * chunk;
+        src = ins.base + ins.offsets[m] + c * chunk;
       } else {
         if (processed <= static_cast<uint64_t>(s - 1) * C + c) {
           break;
@@ -202,9 +216,6 @@ void ringReduceScatter(
   };
   auto done = [&] { return processed == total && next->sendsDone() - sbase == total; };
   transport::drive(channelsOf(ring), step, done, deadline, ring.drive);
-  if (scale_after) {
-    finalizeInPlace(spec, dst, counts[static_cast<size_t>(r)], true);
-  }
 }
 
 void ringAllReduce(

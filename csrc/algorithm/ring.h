@@ -83,13 +83,14 @@ struct Contributions {
   // AVG's division itself when the ring's `finalize` asks for it. My own
   // block's entry in base/offsets and `ready` are then never used. Lets a
   // caller compute its contribution as it goes rather than store it in base.
-  // Not with raw PREMUL_SUM contributions (the ring scales its result).
+  // Not with raw PREMUL_SUM contributions (the ring scales them first).
   std::function<void(void* dst, const void* part, size_t offset, size_t n)> finish;
 };
 
 // ReduceScatter: block i (counts[i] elements) of every member reduced into
 // member i's `out`. `raw`: the contributions are the collective's inputs
-// (PREMUL_SUM's factor is applied once, to the result). `finalize`: apply
+// (PREMUL_SUM's factor scales each of them before anything is added, so
+// they must be whole at the start: no `ready`, no `finish`). `finalize`: apply
 // AVG's division to the result. Chunks are chunk_bytes rounded down to
 // whole elements.
 void ringReduceScatter(
