@@ -1,8 +1,12 @@
-"""Builds smddp: the Python package and its native extension smddp._C.
+"""Builds smddp: the Python package and its native extensions, smddp._C (the
+CPU core and the backend) and smddp._C_cuda (the CUDA path, loaded only when a
+CUDA tensor first needs it).
 
-CPU sources are always built. CUDA sources (csrc/*/cuda/) are built when torch
-has CUDA and nvcc is found; SMDDP_WITH_CUDA=1 insists on them (and fails if
-they cannot be built), SMDDP_WITH_CUDA=0 leaves them out.
+CPU sources are always built. CUDA sources (csrc/**/cuda/) are built when
+torch has CUDA and nvcc is found; SMDDP_WITH_CUDA=1 insists on them (and fails
+if they cannot be built), SMDDP_WITH_CUDA=0 leaves them out.
+SMDDP_CUDA_ARCHS picks the GPU architectures (default 80,90) and
+SMDDP_NVCC_FLAGS adds nvcc flags (e.g. -lineinfo).
 
     pip install --no-build-isolation .        # or -e .
 """
@@ -50,44 +54,77 @@ def cuda_sources():
     return rel(s for s in srcs if _in_cuda_dir(s))
 
 
-def make_extension():
-    cxx_flags = [
-        "-O3",
-        "-std=c++20",
-        # Reductions must give the same bits with and without FMA units.
-        "-ffp-contract=off",
-        "-fvisibility=hidden",
-        "-Wall",
-        "-Wno-unused-function",
-        # torch's CUDA headers use hardware_destructive_interference_size.
-        "-Wno-interference-size",
+CXX_FLAGS = [
+    "-O3",
+    "-std=c++20",
+    # Reductions must give the same bits with and without FMA units.
+    "-ffp-contract=off",
+    "-Wall",
+    "-Wno-unused-function",
+    # Every switch over one of smddp's enums names every enumerator: a new
+    # reduce op or dtype is a compile error wherever it must be handled.
+    "-Werror=switch",
+    # torch's CUDA headers use hardware_destructive_interference_size.
+    "-Wno-interference-size",
+]
+
+
+def make_extensions():
+    """smddp._C (CPU, always) and smddp._C_cuda (the CUDA path, when built).
+
+    smddp._C exports its symbols (default visibility) and smddp._C_cuda links
+    against it, so that both share one core: one logger, one error type, one
+    registry of the device path. smddp._C never loads a CUDA library.
+    """
+    exts = [
+        CppExtension(
+            name="smddp._C",
+            sources=cpu_sources(),
+            include_dirs=[CSRC],
+            extra_compile_args=CXX_FLAGS,
+        )
     ]
     if WANT_CUDA and cuda_sources():
         cuda = CUDA_SETTINGS
-        return CUDAExtension(
-            name="smddp._C",
-            sources=cpu_sources() + cuda_sources(),
-            include_dirs=[CSRC] + cuda["include_dirs"],
-            library_dirs=cuda["library_dirs"],
-            extra_link_args=cuda["link_args"],
-            define_macros=[("SMDDP_WITH_CUDA", "1")],
-            extra_compile_args={
-                "cxx": cxx_flags + ["-DSMDDP_WITH_CUDA=1"],
-                "nvcc": ["-O3", "-std=c++20", "-DSMDDP_WITH_CUDA=1"] + cuda["nvcc_arch_flags"],
-            },
+        exts.append(
+            CUDAExtension(
+                name="smddp._C_cuda",
+                sources=cuda_sources(),
+                include_dirs=[CSRC] + cuda["include_dirs"],
+                library_dirs=cuda["library_dirs"],
+                extra_link_args=cuda["link_args"],
+                define_macros=[("SMDDP_WITH_CUDA", "1")],
+                extra_compile_args={
+                    "cxx": CXX_FLAGS + ["-fvisibility=hidden"],
+                    # No contracted multiply-adds (the CPU kernels' bits);
+                    # host code checked like the C++ sources.
+                    "nvcc": ["-O3", "-std=c++20", "--fmad=false", "-Xcompiler=-Werror=switch"]
+                    + cuda["nvcc_arch_flags"]
+                    + cuda["nvcc_extra_flags"],
+                },
+            )
         )
-    return CppExtension(
-        name="smddp._C",
-        sources=cpu_sources(),
-        include_dirs=[CSRC],
-        extra_compile_args=cxx_flags,
-    )
+    return exts
+
+
+class BuildExt(BuildExtension.with_options(use_ninja=True)):
+    """Links smddp._C_cuda against the smddp._C just built (same folder)."""
+
+    def build_extension(self, ext):
+        if ext.name == "smddp._C_cuda":
+            core = self.get_ext_fullpath("smddp._C")
+            ext.extra_link_args = list(ext.extra_link_args) + [
+                f"-L{os.path.dirname(core)}",
+                f"-l:{os.path.basename(core)}",
+                "-Wl,-rpath,$ORIGIN",
+            ]
+        super().build_extension(ext)
 
 
 # The Makefile installs the package editable without the extension
 # (SMDDP_NO_EXTENSION=1: metadata and entry points only) and then builds the
 # extension in place, so that rebuilds after that are incremental.
-EXT_MODULES = [] if os.environ.get("SMDDP_NO_EXTENSION") == "1" else [make_extension()]
+EXT_MODULES = [] if os.environ.get("SMDDP_NO_EXTENSION") == "1" else make_extensions()
 
 setup(
     name="smddp",
@@ -96,7 +133,7 @@ setup(
     python_requires=">=3.10",
     packages=find_packages(include=["smddp", "smddp.*"]),
     ext_modules=EXT_MODULES,
-    cmdclass={"build_ext": BuildExtension.with_options(use_ninja=True)},
+    cmdclass={"build_ext": BuildExt},
     # smddp-bench: numpy computes the expected results; tqdm (progress bar)
     # and matplotlib (plot) are optional.
     extras_require={"bench": ["numpy", "tqdm", "matplotlib"]},

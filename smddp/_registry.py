@@ -9,7 +9,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from smddp import _C
+from smddp import _C, _cuda
 from smddp import config as _config
 
 BACKEND_NAME = "smddp"
@@ -65,6 +65,8 @@ def register() -> None:
             return
         _config.apply_log_level()
         _C.set_fallback_factory(_make_fallbacks)
+        # The CUDA module is imported when a CUDA tensor first needs it.
+        _C.set_device_path_loader(_cuda._loader)
         dist.Backend.register_backend(
             BACKEND_NAME, _create_backend, extended_api=True, devices=["cpu", "cuda"]
         )

@@ -91,6 +91,14 @@ KNOBS: tuple[Knob, ...] = (
     Knob("SMDDP_CUDA_INTER_NODE", True, "choice", "auto", "auto|nccl|host",
          "Inter-node stage of CUDA collectives: NCCL rails (auto: when every rank has a GPU of "
          "its own) or staging through host memory and sockets."),
+    Knob("SMDDP_CUDA_IPC", True, "bool", "1", "",
+         "Map the node peers' device memory with CUDA IPC (0: CUDA collectives stage through "
+         "host memory). Where a rank cannot map it (a sandboxed runtime), every rank stages "
+         "through host memory, with a warning naming that rank."),
+    Knob("SMDDP_DEBUG_DUMP", False, "string", "", "",
+         "Path prefix of a dump of each rank's last collectives (op, size, sequence number, "
+         "state, times), written to <prefix>.<group>.<rank>.json when a collective fails or "
+         "outlives the group's timeout; empty: no dump."),
 )
 
 

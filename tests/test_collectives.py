@@ -32,6 +32,8 @@ import pytest
 import torch
 import torch.distributed as dist
 
+from dist_harness import assert_no_failures
+
 # ---------------------------------------------------------------- the matrix
 
 REDUCE_DTYPES = ("float32", "float64", "float16", "bfloat16", "int8", "uint8", "int32", "int64", "bool")
@@ -1243,3 +1245,33 @@ def test_checker_catches_what_it_must() -> None:
     # A bool byte of 2 is not True.
     two = torch.tensor([2], dtype=torch.uint8).view(torch.bool)
     assert mismatch(two, torch.tensor([True]), None) is not None
+
+
+# ---------------------------------------------------------------- float16 AVG
+
+
+def case_float16_average_of_large_values() -> list[str]:
+    """float16 AVG of values whose sum leaves float16's range (65504): the
+    partial sums that cross nodes in float16 must not overflow."""
+    rank, world = dist.get_rank(), dist.get_world_size()
+    failures = []
+    for n in (1, 37, 4096):
+        t = torch.full((n,), 30000.0 + rank, dtype=torch.float16)
+        want = torch.full((n,), 30000.0 + (world - 1) / 2, dtype=torch.float16)
+        dist.all_reduce(t, op=dist.ReduceOp.AVG)
+        if not torch.isfinite(t).all() or (t.float() - want.float()).abs().max() > 16:
+            failures.append(f"all_reduce AVG n={n}: {t[:4].tolist()}, expected about {want[0].item()}")
+        big = torch.full((n * world,), 30000.0 + rank, dtype=torch.float16)
+        out = torch.empty(n, dtype=torch.float16)
+        dist.reduce_scatter_tensor(out, big, op=dist.ReduceOp.AVG)
+        if not torch.isfinite(out).all() or (out.float() - want.float()).abs().max() > 16:
+            failures.append(f"reduce_scatter_tensor AVG n={n}: {out[:4].tolist()}")
+    return failures
+
+
+@pytest.mark.timeout(150, func_only=True)
+@pytest.mark.parametrize(
+    "env", [{"SMDDP_RANKS_PER_NODE": "2"}, {"SMDDP_RANKS_PER_NODE": "2", "SMDDP_ALGO": "ring"}], ids=["2x2", "ring"]
+)
+def test_float16_average_does_not_overflow(pools, env) -> None:
+    assert_no_failures(pools(4, **env).run(case_float16_average_of_large_values))

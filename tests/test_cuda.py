@@ -8,6 +8,9 @@ deterministic inputs (float64 on the GPU, rounded to the dtype).
 
 from __future__ import annotations
 
+import glob
+import time
+
 import pytest
 import torch
 import torch.distributed as dist
@@ -166,3 +169,142 @@ def test_cuda_collectives_emulated_nodes(pools):
     pool = pools(4, SMDDP_CUDA_RANKS_PER_GPU="4", SMDDP_RANKS_PER_NODE="2")
     for failures in pool.run(case_collectives, [0, 5, 4099], timeout=120):
         assert failures == []
+
+
+# ---------------------------------------------------------------- lifecycle and failures
+
+
+def case_groups_created_and_destroyed(rounds: int) -> list[str]:
+    """Groups made, used on the GPU and destroyed, one after the other: the
+    teardown (IPC mappings closed before their owners free them) and the
+    keys of each new group."""
+    rank, world = dist.get_rank(), dist.get_world_size()
+    dev = _device()
+    failures = []
+    for i in range(rounds):
+        g = dist.new_group(backend="smddp")
+        t = torch.full((1 << 16,), float(rank + i), device=dev)
+        dist.all_reduce(t, group=g)
+        out = torch.empty((1 << 16) * world, device=dev)
+        dist.all_gather_into_tensor(out, torch.full((1 << 16,), float(rank), device=dev), group=g)
+        torch.cuda.synchronize()
+        if not torch.all(t == sum(r + i for r in range(world))):
+            failures.append(f"round {i}: all_reduce wrong")
+        if not torch.equal(out.view(world, -1)[:, 0].cpu(), torch.arange(world, dtype=torch.float32)):
+            failures.append(f"round {i}: all_gather wrong")
+        dist.destroy_process_group(g)
+    return failures
+
+
+def case_barrier_waits_for_device_work() -> list[str]:
+    """barrier() returns only once the device collectives enqueued before it
+    have finished (as with nccl)."""
+    dev = _device()
+    t = torch.ones(1 << 20, device=dev)
+    # Half a second of GPU time ahead of the collective on the caller's stream.
+    torch.cuda._sleep(int(0.5 * 2e9))
+    work = dist.all_reduce(t, async_op=True)
+    dist.barrier()
+    return [] if work.is_completed() else ["the all_reduce was still running on the GPU after barrier()"]
+
+
+def case_reduce_scatter_beyond_the_largest_pitch() -> list[str]:
+    """A reduce_scatter_tensor whose blocks exceed what one 2D copy's pitch
+    takes (about 2 GiB; ZeRO's flat gradients): copied row by row instead."""
+    rank, world = dist.get_rank(), dist.get_world_size()
+    dev = _device()
+    n = (1 << 29) + 8  # elements per rank: 2 GiB + 32 bytes of float32
+    inp = torch.full((n * world,), float(rank + 1), device=dev)
+    out = torch.empty(n, device=dev)
+    dist.reduce_scatter_tensor(out, inp)
+    torch.cuda.synchronize()
+    want = world * (world + 1) / 2
+    ok = bool(torch.all(out == want))
+    del inp, out
+    torch.cuda.empty_cache()
+    return [] if ok else ["reduce_scatter_tensor with blocks beyond the largest pitch: wrong values"]
+
+
+def case_stalled_device_work(dump_prefix: str) -> dict:
+    """The caller's stream is busy past the group's timeout when the
+    collective is enqueued: the watchdog fails it, the group becomes
+    unusable, and the flight recorder is dumped."""
+    dev = _device()
+    t = torch.ones(1 << 16, device=dev)
+    torch.cuda._sleep(int(12 * 2e9))  # past the 5 s timeout
+    out: dict = {"first": ("no error", "")}
+    work = dist.all_reduce(t, async_op=True)
+    t0 = time.time()
+    while not work.is_completed() and time.time() - t0 < 30:
+        time.sleep(0.1)
+    try:
+        work.wait()
+    except Exception as e:  # noqa: BLE001
+        out["first"] = (type(e).__name__, str(e))
+    try:
+        dist.all_reduce(torch.ones(4))
+        out["next"] = "no error"
+    except Exception as e:  # noqa: BLE001
+        out["next"] = str(e)
+    out["dumps"] = sorted(glob.glob(dump_prefix + ".*.json"))
+    return out
+
+
+@pytest.mark.timeout(200)
+def test_cuda_groups_created_and_destroyed(pools):
+    if not torch.cuda.is_available():
+        pytest.skip("no GPU")
+    pool = pools(2, SMDDP_CUDA_RANKS_PER_GPU=str(max(1, 2 // torch.cuda.device_count())))
+    for failures in pool.run(case_groups_created_and_destroyed, 3, timeout=180):
+        assert failures == []
+
+
+@pytest.mark.timeout(120)
+def test_cuda_barrier_waits_for_device_work(pools):
+    if not torch.cuda.is_available():
+        pytest.skip("no GPU")
+    pool = pools(2, SMDDP_CUDA_RANKS_PER_GPU=str(max(1, 2 // torch.cuda.device_count())))
+    for failures in pool.run(case_barrier_waits_for_device_work, timeout=100):
+        assert failures == []
+
+
+@pytest.mark.timeout(300)
+def test_cuda_reduce_scatter_beyond_the_largest_pitch(pools):
+    if not torch.cuda.is_available():
+        pytest.skip("no GPU")
+    free, _ = torch.cuda.mem_get_info()
+    if free < 28 << 30:
+        pytest.skip("needs 28 GiB of GPU memory")
+    pool = pools(2, SMDDP_CUDA_RANKS_PER_GPU=str(max(1, 2 // torch.cuda.device_count())))
+    for failures in pool.run(case_reduce_scatter_beyond_the_largest_pitch, timeout=280):
+        assert failures == []
+
+
+@pytest.mark.timeout(150)
+def test_cuda_ipc_off_stages_through_the_host(pools):
+    if not torch.cuda.is_available():
+        pytest.skip("no GPU")
+    pool = pools(2, SMDDP_CUDA_RANKS_PER_GPU="2", SMDDP_CUDA_IPC="0")
+    for failures in pool.run(case_collectives, [0, 7, 4099], timeout=120):
+        assert failures == []
+
+
+@pytest.mark.timeout(150)
+def test_cuda_stalled_collective_fails_within_the_timeout(tmp_path):
+    if not torch.cuda.is_available():
+        pytest.skip("no GPU")
+    from dist_harness import RankPool
+
+    prefix = str(tmp_path / "dump")
+    pool = RankPool(2, env={"SMDDP_CUDA_RANKS_PER_GPU": "2", "SMDDP_DEBUG_DUMP": prefix}, pg_timeout=5.0)
+    try:
+        results = pool.run(case_stalled_device_work, prefix, timeout=120)
+    finally:
+        pool.kill()
+    for rank, r in enumerate(results):
+        kind, msg = r["first"]
+        assert kind == "DistBackendError", (rank, r)
+        assert "did not finish within the group's timeout" in msg and "allreduce #" in msg, (rank, msg)
+        assert f"rank {rank}" in msg, (rank, msg)
+        assert "unusable" in r["next"], (rank, r["next"])
+        assert any(p.endswith(f".{rank}.json") for p in r["dumps"]), (rank, r["dumps"])

@@ -256,3 +256,78 @@ def test_segments_are_private_to_the_user():
         assert mode == 0o600, (path, oct(mode))
         token = path.rsplit("-", 1)[-1]
         assert len(token) == 32 and int(token, 16) >= 0, path
+
+
+# ---------------------------------------------------------------- re-creation
+
+
+def case_group_recreated_on_one_store(path: str, rounds: int) -> list[float]:
+    """Each round creates a group of the same name on one FileStore, runs an
+    all_reduce and destroys the group. Rank 0 comes a second late every
+    round: the others then find the keys the round before left in the store,
+    and must not take them for this round's."""
+    import datetime
+
+    import smddp
+
+    rank, world = dist.get_rank(), dist.get_world_size()
+    store = dist.FileStore(path, world)
+    got = []
+    for i in range(rounds):
+        if rank == 0:
+            time.sleep(1.0)
+        pg = smddp.ProcessGroupSMDDP(store, rank, world, datetime.timedelta(seconds=30), [], "again")
+        t = torch.full((4096,), float(rank + 10 * i))
+        pg.allreduce([t]).wait()
+        got.append(t[0].item())
+        del pg
+    return got
+
+
+@pytest.mark.timeout(150)
+@pytest.mark.parametrize("env", [{}, EMULATED_2X2], ids=["one-node", "2x2"])
+def test_a_group_created_again_on_one_store_reads_only_its_own_keys(tmp_path, env):
+    rounds = 3
+    results = spawn_ranks(case_group_recreated_on_one_store, 4, str(tmp_path / "store"), rounds, env=env, timeout=120)
+    want = [sum(r + 10 * i for r in range(4)) for i in range(rounds)]
+    for rank, got in enumerate(results):
+        assert got == want, f"rank {rank}: {got}, expected {want}"
+
+
+# ---------------------------------------------------------------- flight recorder
+
+
+@pytest.mark.timeout(120)
+def test_a_failure_dumps_the_last_collectives_when_asked(tmp_path):
+    import json
+
+    marker = str(tmp_path / "died")
+    prefix = str(tmp_path / "dump")
+    victim = 3
+    env = dict(EMULATED_2X2, SMDDP_DEBUG_DUMP=prefix)
+    results = spawn_ranks(case_victim_dies, 4, victim, 20, marker, env=env, may_die={victim}, timeout=90)
+    dumps = sorted(glob.glob(prefix + ".*.json"))
+    ranks_dumped = sorted(int(p.rsplit(".", 2)[1]) for p in dumps)
+    survivors = [r for r in range(4) if r != victim and results[r] is not None]
+    assert ranks_dumped == survivors, (dumps, survivors)
+    for path in dumps:
+        with open(path) as f:
+            d = json.load(f)
+        calls = d["collectives"]
+        assert d["rank"] in survivors and d["size"] == 4 and f"rank {victim}" in d["reason"], d["reason"]
+        assert calls, path
+        # The last call failed, naming the dead rank; those before completed,
+        # in sequence order.
+        assert calls[-1]["state"] == "failed" and calls[-1]["op"] == "allreduce", calls[-1]
+        assert f"rank {victim}" in calls[-1]["error"], calls[-1]
+        done = [c for c in calls[:-1] if c["op"] == "allreduce"]
+        assert done and all(c["state"] == "completed" for c in done), done
+        seqs = [c["seq"] for c in calls if c["seq"] is not None]
+        assert seqs == sorted(seqs) and len(set(seqs)) == len(seqs), seqs
+
+
+@pytest.mark.timeout(60)
+def test_no_dump_unless_asked(tmp_path):
+    marker = str(tmp_path / "died")
+    spawn_ranks(case_victim_dies, 2, 1, 5, marker, may_die={1}, timeout=50)
+    assert not glob.glob(str(tmp_path / "*.json"))

@@ -1,9 +1,9 @@
 """Where the CUDA toolkit, its headers and NCCL are, found from what is installed.
 
-Nothing here is a hard-coded path: the toolkit folder comes from the real
-nvcc (the one on PATH may be a wrapper script), and the headers and libraries
-torch's CUDA build needs but the toolkit may lack (cusparse.h, nccl.h,
-libnccl.so.2) come from the NVIDIA Python packages torch was installed with.
+The toolkit folder comes from the real nvcc (the one on PATH may be a wrapper
+script). NCCL comes from NCCL_HOME, the toolkit, the system, or the NVIDIA
+Python packages torch was installed with (find_nccl); headers torch's CUDA
+build needs but the toolkit may lack (cusparse.h) from those packages.
 """
 
 import glob
@@ -92,29 +92,76 @@ def find_library(pattern):
     return None
 
 
+def find_nccl(cuda_home_dir):
+    """(include folder, library file) of NCCL, or None.
+
+    In order: NCCL_HOME (a source build or a tarball: include/, lib/); the
+    NVIDIA Python packages torch was installed with (the NCCL torch itself
+    loads, so that one library serves both); the CUDA toolkit; the system's
+    folders (libnccl-dev and the like). Header and library always come from
+    the same place.
+    """
+
+    def under(root):
+        inc = os.path.join(root, "include")
+        if not os.path.exists(os.path.join(inc, "nccl.h")):
+            return None
+        for libdir in ("lib", "lib64", "lib/x86_64-linux-gnu", "lib/aarch64-linux-gnu", "targets/x86_64-linux/lib"):
+            hits = sorted(glob.glob(os.path.join(root, libdir, "libnccl.so*")))
+            if hits:
+                return inc, hits[0]
+        return None
+
+    if os.environ.get("NCCL_HOME"):
+        found = under(os.environ["NCCL_HOME"])
+        if found is None:
+            raise RuntimeError(
+                f"NCCL_HOME={os.environ['NCCL_HOME']} has no include/nccl.h with a lib/libnccl.so* beside it"
+            )
+        return found
+    for root in nvidia_package_dirs() + [cuda_home_dir, "/usr", "/usr/local"]:
+        found = under(root)
+        if found is not None:
+            return found
+    return None
+
+
+def nvcc_extra_flags():
+    """SMDDP_NVCC_FLAGS, split like a shell would (e.g. "-lineinfo")."""
+    import shlex
+
+    return shlex.split(os.environ.get("SMDDP_NVCC_FLAGS", ""))
+
+
 def cuda_build_settings():
     home = cuda_home()
     toolkit_include = os.path.join(home, "include")
     # The toolkit's own headers first: the NVIDIA packages' include folders
     # hold partial copies (no crt/) and are only for what the toolkit lacks.
     include_dirs = [toolkit_include]
-    for header in ("cusparse.h", "nccl.h"):
-        d = find_header(header, [toolkit_include])
-        if d is None:
-            raise RuntimeError(f"{header} not found in {toolkit_include} or the nvidia Python packages")
-        if d != toolkit_include and d not in include_dirs:
-            include_dirs.append(d)
-    nccl = find_library("libnccl.so*")
+    d = find_header("cusparse.h", [toolkit_include])
+    if d is None:
+        raise RuntimeError(f"cusparse.h not found in {toolkit_include} or the nvidia Python packages")
+    if d not in include_dirs:
+        include_dirs.append(d)
+    nccl = find_nccl(home)
     if nccl is None:
-        raise RuntimeError("libnccl.so not found in the nvidia Python packages")
-    nccl_dir = os.path.dirname(nccl)
+        raise RuntimeError(
+            "NCCL not found: set NCCL_HOME to a folder with include/nccl.h and lib/libnccl.so, install "
+            "the system's NCCL development package, or the nvidia-nccl Python package"
+        )
+    nccl_include, nccl_lib = nccl
+    if nccl_include not in include_dirs:
+        include_dirs.append(nccl_include)
+    nccl_dir = os.path.dirname(nccl_lib)
     return {
         "cuda_home": home,
         "include_dirs": include_dirs,
         "library_dirs": [nccl_dir],
-        # NCCL's wheel has no unversioned symlink.
-        "link_args": [f"-l:{os.path.basename(nccl)}", f"-Wl,-rpath,{nccl_dir}"],
+        # The wheel's library has no unversioned symlink: link the file.
+        "link_args": [f"-l:{os.path.basename(nccl_lib)}", f"-Wl,-rpath,{nccl_dir}"],
         "nvcc_arch_flags": arch_flags(),
+        "nvcc_extra_flags": nvcc_extra_flags(),
     }
 
 

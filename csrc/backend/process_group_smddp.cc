@@ -1,12 +1,13 @@
 #include "backend/process_group_smddp.h"
 
 #include <c10/util/Exception.h>
+#include <cerrno>
 #include <cstdlib>
 #include <sstream>
 #include <torch/csrc/distributed/c10d/PrefixStore.hpp>
 #include <torch/csrc/distributed/c10d/TCPStore.hpp>
 
-#include "backend/cuda_path.h"
+#include "backend/device_path.h"
 #include "backend/fallback_factory.h"
 #include "backend/store_adapter.h"
 #include "common/error.h"
@@ -102,6 +103,11 @@ struct MoveType {
   size_t count;
 };
 
+// "float32, 1024 elements, SUM", for the flight recorder.
+std::string detailOf(const algorithm::OpArgs& a) {
+  return describeCall(a.kind, a.dtype(), a.reduce.op, a.count, a.root);
+}
+
 MoveType moveType(const at::Tensor& t) {
   bool ok = false;
   DataType d = toDataType(t.scalar_type(), &ok);
@@ -157,9 +163,19 @@ ProcessGroupSMDDP::ProcessGroupSMDDP(
   for (int64_t g : global_ranks_) {
     options_->global_ranks_in_group.push_back(static_cast<uint64_t>(g));
   }
-  C10dStoreAdapter st(store, timeout);
   // How the set-up's communication failures begin.
   const std::string failed_here = str("ProcessGroupSMDDP (rank ", rank, " of ", size, ", group '", group_name_, "'): ");
+  try {
+    // The first key every rank touches: the n-th creation of a group on
+    // this store is generation n / size, and no rank can finish creating
+    // generation g before every rank has counted itself into it.
+    C10dStoreAdapter raw(store, timeout);
+    const int64_t generation = (raw.add("smddp/groups", 1) - 1) / size;
+    store_ = c10::make_intrusive<::c10d::PrefixStore>(str("smddp/", generation), store);
+  } catch (const std::exception& e) {
+    TORCH_CHECK_WITH(DistBackendError, false, failed_here, "set-up failed: the store: ", e.what());
+  }
+  C10dStoreAdapter st(store_, timeout);
   try {
     // Every rank must run the same schedules: their settings must agree.
     auto settings = storeAllGather(st, "smddp/config", rank, size, toBytes(config_.agreementString()));
@@ -216,11 +232,8 @@ ProcessGroupSMDDP::ProcessGroupSMDDP(
     TORCH_CHECK_WITH(DistBackendError, false, failed_here, "set-up failed: ", e.what());
   }
   executor_ = std::make_shared<Executor>("smddp-exec");
-  if (CudaPath::available() && communicator_) {
-    cuda_ = std::make_unique<CudaPath>(store, *topology_, config_, timeout, communicator_.get());
-  }
   if (config_.fallback != "none") {
-    auto prefixed = c10::make_intrusive<::c10d::PrefixStore>("smddp-fallback", store);
+    auto prefixed = c10::make_intrusive<::c10d::PrefixStore>("smddp-fallback", store_);
     std::exception_ptr mine;
     std::string failure;
     try {
@@ -360,12 +373,15 @@ void checkSameDtype(const Where& where, const at::Tensor& a, const at::Tensor& b
 c10::intrusive_ptr<::c10d::Work> ProcessGroupSMDDP::submitNative(
     OpType op_type,
     const char* name,
+    const std::string& detail,
     std::vector<at::Tensor> outputs,
     const std::optional<std::vector<at::Tensor>>& inputs,
     bool async_op,
     size_t nseq,
     std::function<void(uint64_t, const Deadline&)> body,
-    const CudaPath::Call* device_hooks) {
+    const DevicePath::Call* device_hooks,
+    std::optional<uint64_t> record) {
+  const uint64_t id = record ? *record : recorder_.issued(name, detail);
   // The executor numbers works when they start; a work issued from a future
   // callback may start before ones issued earlier (executor.h).
   const uint64_t issued = next_seq_.fetch_add(nseq);
@@ -378,16 +394,14 @@ c10::intrusive_ptr<::c10d::Work> ProcessGroupSMDDP::submitNative(
     } catch (const std::exception& e) {
       first = e.what();
     }
-    return makeCompletedWork(
-        rank_,
-        op_type,
-        std::move(outputs),
-        makeDistBackendError(str(
-            where(name),
-            label,
-            " not started: the group is unusable after an earlier failure. ",
-            "Destroy it and create a new one. The failure was: ",
-            first)));
+    const std::string msg = str(
+        where(name),
+        label,
+        " not started: the group is unusable after an earlier failure. ",
+        "Destroy it and create a new one. The failure was: ",
+        first);
+    recorder_.failed(id, msg);
+    return makeCompletedWork(rank_, op_type, std::move(outputs), makeDistBackendError(msg));
   }
   const auto timeout = std::chrono::milliseconds(timeout_ms_.load());
   auto work = c10::make_intrusive<WorkSMDDP>(
@@ -396,11 +410,19 @@ c10::intrusive_ptr<::c10d::Work> ProcessGroupSMDDP::submitNative(
       nseq,
       name,
       outputs,
-      [this, name, timeout, body = std::move(body)](uint64_t seq) {
+      [this, name, timeout, id, on_device = device_hooks != nullptr, body = std::move(body)](uint64_t seq) {
+        recorder_.started(id, seq);
         try {
           body(seq, Deadline::after(timeout));
         } catch (...) {
-          std::rethrow_exception(translate(str(name, " #", seq), std::current_exception()));
+          std::rethrow_exception(translate(str(name, " #", seq), std::current_exception(), id));
+        }
+        // A device call completes when its end event fires (the device
+        // path marks it then).
+        if (on_device) {
+          recorder_.enqueued(id);
+        } else {
+          recorder_.completed(id);
         }
       },
       executor_,
@@ -408,19 +430,23 @@ c10::intrusive_ptr<::c10d::Work> ProcessGroupSMDDP::submitNative(
       nullptr,
       inputs);
   if (device_hooks != nullptr) {
-    work->setDeviceHooks(device_hooks->on_wait, device_hooks->gpu_done, device_hooks->completion_context);
+    work->setDeviceHooks(
+        device_hooks->on_wait, device_hooks->gpu_done, device_hooks->device_error, device_hooks->completion_context);
   }
   try {
     executor_->submit(work, !async_op);
   } catch (const Error& e) {
-    work->fail(makeDistBackendError(str(where(name), work->label(), ": ", e.what())));
+    const std::string msg = str(where(name), work->label(), ": ", e.what());
+    recorder_.failed(id, msg);
+    work->fail(makeDistBackendError(msg));
   }
   return work;
 }
 
 std::exception_ptr ProcessGroupSMDDP::translate(
     const std::string& label,
-    std::exception_ptr error) {
+    std::exception_ptr error,
+    uint64_t record) {
   const std::string head = str(
       "ProcessGroupSMDDP ", label, " failed on rank ", rank_, " (group '", group_name_, "', ",
       size_, " ranks): ");
@@ -428,31 +454,90 @@ std::exception_ptr ProcessGroupSMDDP::translate(
     std::rethrow_exception(error);
   } catch (const Error& e) {
     std::string msg = head + e.what();
+    recorder_.failed(record, msg);
     if (e.kind() == ErrorKind::kInvalidArgument) {
       return makeTorchError(msg);
     }
-    {
-      std::lock_guard<std::mutex> lock(mu_);
-      if (!fatal_) {
-        fatal_ = makeDistBackendError(msg);
-      }
-    }
-    broken_.store(true);
-    if (communicator_) {
-      // Peers waiting on this rank learn of the failure now, not at timeout.
-      communicator_->abort(msg);
-    }
-    if (cuda_) {
-      // Node peers may wait in the CUDA path's own arena.
-      cuda_->abort(msg);
-    }
-    SMDDP_LOG(kError, msg);
+    failGroup(msg, /*on_executor=*/true);
     return makeDistBackendError(msg);
-  } catch (const c10::Error&) {
+  } catch (const c10::Error& e) {
+    recorder_.failed(record, e.what());
     return error;
   } catch (const std::exception& e) {
+    recorder_.failed(record, head + e.what());
     return makeDistBackendError(head + e.what());
   }
+}
+
+void ProcessGroupSMDDP::failGroup(const std::string& msg, bool on_executor) {
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (!fatal_) {
+      fatal_ = makeDistBackendError(msg);
+    }
+  }
+  const bool first = !broken_.exchange(true);
+  if (communicator_) {
+    // Peers waiting on this rank learn of the failure now, not at timeout.
+    if (on_executor) {
+      communicator_->abort(msg);
+    } else {
+      communicator_->interrupt(msg);
+    }
+  }
+  {
+    std::lock_guard<std::mutex> lock(device_mu_);
+    if (device_) {
+      // Device work in flight ends; node peers may wait in its own arena.
+      device_->abort(msg);
+    }
+  }
+  if (!first) {
+    return;
+  }
+  SMDDP_LOG(kError, msg);
+  if (!config_.debug_dump.empty()) {
+    const std::string path = flightDumpPath(config_.debug_dump, group_name_, rank_);
+    if (recorder_.dump(path, group_name_, rank_, size_, msg)) {
+      SMDDP_LOG(kError, "rank ", rank_, ": the group's last collectives are in ", path);
+    } else {
+      SMDDP_LOG(kError, "rank ", rank_, ": could not write SMDDP_DEBUG_DUMP file ", path, ": ", errnoString(errno));
+    }
+  }
+}
+
+DevicePath* ProcessGroupSMDDP::devicePath() const {
+  std::lock_guard<std::mutex> lock(device_mu_);
+  if (device_tried_ || !communicator_) {
+    return device_.get();
+  }
+  device_tried_ = true;
+  std::string why;
+  DevicePathFactory factory = devicePathFactory(&why);
+  if (!factory) {
+    return nullptr;
+  }
+  DevicePathArgs a;
+  a.store = store_;
+  a.topology = topology_.get();
+  a.config = config_;
+  a.timeout = std::chrono::milliseconds(timeout_ms_.load());
+  a.host = communicator_.get();
+  a.who = str("rank ", rank_, " of ", size_, ", group '", group_name_, "'");
+  a.recorder = &recorder_;
+  auto* self = const_cast<ProcessGroupSMDDP*>(this);
+  a.on_failure = [self](const std::string& why) {
+    self->failGroup(str("ProcessGroupSMDDP failed on rank ", self->rank_, " (group '", self->group_name_, "', ",
+                        self->size_, " ranks): ", why),
+                    /*on_executor=*/false);
+  };
+  try {
+    device_ = factory(a);
+  } catch (const std::exception& e) {
+    SMDDP_LOG(kWarn, "rank ", rank_, ": the CUDA path could not be set up (", e.what(),
+              "); CUDA tensors use the fallback backend");
+  }
+  return device_.get();
 }
 
 ProcessGroupSMDDP::Route ProcessGroupSMDDP::route(
@@ -494,13 +579,17 @@ ProcessGroupSMDDP::Route ProcessGroupSMDDP::route(
         "float16, bfloat16, int8, uint8, int32, int64 or bool");
     return Route::kFallback;
   }
-  if (device.is_cuda() && cuda_) {
+  if (device.is_cuda()) {
+    DevicePath* dev = devicePath();
+    if (dev == nullptr) {
+      return Route::kFallback;
+    }
     if (reduce_op == nullptr) {
       return Route::kDevice;
     }
     bool ok = false;
     ReduceOp r = toReduceOp(*reduce_op, &ok);
-    return ok && cuda_->supportsReduce(tensors[0].scalar_type(), r) ? Route::kDevice : Route::kFallback;
+    return ok && dev->supportsReduce(tensors[0].scalar_type(), r) ? Route::kDevice : Route::kFallback;
   }
   return Route::kFallback;
 }
@@ -547,8 +636,9 @@ c10::intrusive_ptr<::c10d::Work> ProcessGroupSMDDP::submit(
     bool async_op,
     HostLayout layout) {
   if (route == Route::kDevice) {
-    CudaPath::Call call = cuda_->prepare(args.kind, args, inputs, outputs);
-    return submitNative(op_type, name, outputs, inputs, async_op, 1, call.body, &call);
+    const uint64_t record = recorder_.issued(name, smddp::str(detailOf(args), ", ", outputs.at(0).device()));
+    DevicePath::Call call = devicePath()->prepare(args.kind, args, inputs, outputs, record);
+    return submitNative(op_type, name, "", outputs, inputs, async_op, 1, call.body, &call, record);
   }
   return submitOnHost(
       op_type, name, {args}, std::move(inputs), std::move(outputs), async_op, std::move(layout));
@@ -563,10 +653,11 @@ c10::intrusive_ptr<::c10d::Work> ProcessGroupSMDDP::submitOnHost(
     bool async_op,
     HostLayout layout) {
   const size_t n = calls.size();
+  const std::string detail = n == 1 ? detailOf(calls[0]) : str(n, " calls, the first ", detailOf(calls[0]));
   // The closure keeps the tensors and their flat copies (and so the pointers
   // in calls) alive.
   return submitNative(
-      op_type, name, outputs, inputs, async_op, n,
+      op_type, name, detail, outputs, inputs, async_op, n,
       [this, calls = std::move(calls), inputs, outputs, layout = std::move(layout)](
           uint64_t seq, const Deadline& deadline) {
         // Before copyIn: the flat copies it writes are fresh, and the advice
@@ -901,7 +992,8 @@ c10::intrusive_ptr<::c10d::Work> ProcessGroupSMDDP::allgather(
   const int64_t block = perRankBlock(kOp, outputs[0], true, in);
   std::vector<at::Tensor> outs = outputs[0];
   return submitNative(
-      OpType::ALLGATHER, kOp, outs, std::vector<at::Tensor>{in}, opts.asyncOp, 1,
+      OpType::ALLGATHER, kOp, smddp::str(in.scalar_type(), ", ", block, " elements per rank"), outs,
+      std::vector<at::Tensor>{in}, opts.asyncOp, 1,
       [this, in, outs, block](uint64_t seq, const Deadline& deadline) {
         at::Tensor src = in.contiguous().view({-1});
         if (src.numel() != block) {
@@ -959,7 +1051,8 @@ c10::intrusive_ptr<::c10d::Work> ProcessGroupSMDDP::allgather_coalesced(
     all_outs.insert(all_outs.end(), list.begin(), list.end());
   }
   return submitNative(
-      OpType::ALLGATHER_COALESCED, kOp, all_outs, inputs, opts.asyncOp, inputs.size(),
+      OpType::ALLGATHER_COALESCED, kOp, str(inputs.size(), " tensors"), all_outs, inputs, opts.asyncOp,
+      inputs.size(),
       [this, outputs, inputs](uint64_t seq, const Deadline& deadline) {
         for (size_t i = 0; i < inputs.size(); ++i) {
           at::Tensor src = inputs[i].contiguous();
@@ -1053,7 +1146,8 @@ c10::intrusive_ptr<::c10d::Work> ProcessGroupSMDDP::reduce_scatter(
   algorithm::ReduceSpec spec = makeReduceSpec(kOp, out.scalar_type(), opts.reduceOp);
   std::vector<at::Tensor> ins = inputs[0];
   return submitNative(
-      OpType::REDUCE_SCATTER, kOp, {out}, ins, opts.asyncOp, 1,
+      OpType::REDUCE_SCATTER, kOp, smddp::str(out.scalar_type(), ", ", block, " elements per rank, ", reduceOpName(spec.op)),
+      {out}, ins, opts.asyncOp, 1,
       [this, out, ins, spec, block](uint64_t seq, const Deadline& deadline) {
         at::Tensor flat;
         if (std::all_of(ins.begin(), ins.end(), [&](const at::Tensor& t) { return t.numel() == block; })) {
@@ -1089,8 +1183,18 @@ c10::intrusive_ptr<::c10d::Work> ProcessGroupSMDDP::barrier(const ::c10d::Barrie
     return fallbackFor(c10::DeviceType::CPU, kOp)->barrier(opts);
   }
   return submitNative(
-      OpType::BARRIER, kOp, {}, std::nullopt, opts.asyncOp, 1,
+      OpType::BARRIER, kOp, "", {}, std::nullopt, opts.asyncOp, 1,
       [this](uint64_t seq, const Deadline& deadline) {
+        // As with nccl, a barrier also waits for the device collectives
+        // enqueued before it.
+        {
+          std::unique_lock<std::mutex> lock(device_mu_);
+          DevicePath* dev = device_.get();
+          lock.unlock();
+          if (dev != nullptr) {
+            dev->synchronize(deadline);
+          }
+        }
         algorithm::OpArgs a;
         a.kind = CollectiveKind::kBarrier;
         a.seq = seq;
@@ -1117,13 +1221,13 @@ algorithm::ReduceSpec ProcessGroupSMDDP::makeReduceSpec(
       " tensors; ",
       spec.op == ReduceOp::kAvg ? "use SUM and divide, or a floating-point tensor"
                                 : "use a floating-point tensor");
-  spec.divisor = static_cast<double>(size_);
+  double premul = 1.0;
   if (spec.op == ReduceOp::kPremulSum) {
     auto* sup = dynamic_cast<compat::PreMulSumSupplement*>(rop.supplement_.get());
     TORCH_CHECK(sup != nullptr, where(op), "PREMUL_SUM without a factor");
-    spec.premul = sup->tensor_factor.defined() ? sup->tensor_factor.item<double>() : sup->double_factor;
+    premul = sup->tensor_factor.defined() ? sup->tensor_factor.item<double>() : sup->double_factor;
   }
-  return spec;
+  return algorithm::collectiveReduceSpec(spec.dtype, spec.op, premul, size_);
 }
 
 // ------------------------------------------------------------ delegated ops
@@ -1201,8 +1305,11 @@ void ProcessGroupSMDDP::abort() {
   if (communicator_) {
     communicator_->interrupt(str("rank ", rank_, " aborted the group"));
   }
-  if (cuda_) {
-    cuda_->abort(str("rank ", rank_, " aborted the group"));
+  {
+    std::lock_guard<std::mutex> lock(device_mu_);
+    if (device_) {
+      device_->abort(str("rank ", rank_, " aborted the group"));
+    }
   }
   shutdown();
   std::lock_guard<std::mutex> lock(mu_);
@@ -1226,7 +1333,11 @@ void ProcessGroupSMDDP::shutdown() {
   for (auto& kv : fallbacks) {
     kv.second->shutdown();
   }
-  cuda_.reset();
+  {
+    // After the executor: no device collective is being enqueued.
+    std::lock_guard<std::mutex> lock(device_mu_);
+    device_.reset();
+  }
   communicator_.reset();
 }
 

@@ -4,18 +4,27 @@
 //   - AllGather, ReduceScatter, AllReduce (and their list, single and
 //     coalesced forms), Broadcast and Barrier on CPU tensors run natively on
 //     the group's Communicator (algorithm/communicator.h).
+//   - All_gather_into_tensor, reduce_scatter_tensor, all_reduce and
+//     broadcast on CUDA tensors run natively on the device path
+//     (device_path.h, in the CUDA module loaded on first use).
 //   - Everything else (all_to_all, send/recv, gather, scatter, reduce,
 //     monitored barrier, sparse, bitwise reduce ops, dtypes smddp does not
-//     reduce, CUDA tensors until the CUDA path exists) is delegated to the
-//     fallback backend of the tensors' device (gloo for CPU, nccl for CUDA),
-//     created by the Python layer on the same store.
+//     reduce, CUDA tensors when the CUDA module is unavailable) is delegated
+//     to the fallback backend of the tensors' device (gloo for CPU, nccl for
+//     CUDA), created by the Python layer on the same store.
 //
 // Argument errors are thrown by the collective call itself (TORCH_CHECK,
 // naming the op and the rank). Communication errors surface in wait() and the
 // future as c10::DistBackendError naming the op, its sequence number, the
 // rank, the peer and the cause; after one, the group is unusable and every
 // later native call fails fast with that first error (and the peers are told,
-// so that they fail promptly too).
+// so that they fail promptly too). With SMDDP_DEBUG_DUMP set, such a failure
+// also writes the group's last collectives (common/flight_recorder.h).
+//
+// Store keys: a group counts its creations on its store and keeps every key
+// under that generation ("smddp/<generation>/..."), so that a group created
+// again on the same store (same name, say, after destroy_process_group)
+// never reads the keys of the one before.
 //
 // Threading: collective calls may come from any thread but are expected in the
 // same order on every rank; native work runs on the Executor (one at a time).
@@ -31,12 +40,13 @@
 #include <vector>
 
 #include "algorithm/communicator.h"
-#include "backend/cuda_path.h"
+#include "backend/device_path.h"
 #include "backend/executor.h"
 #include "backend/host_layout.h"
 #include "backend/torch_compat.h"
 #include "backend/work_smddp.h"
 #include "common/config.h"
+#include "common/flight_recorder.h"
 #include "topology/topology.h"
 
 namespace smddp {
@@ -73,7 +83,7 @@ class ProcessGroupSMDDP : public ::c10d::Backend {
   void setFallback(c10::DeviceType device, Ptr<::c10d::Backend> backend);
   Ptr<::c10d::Backend> fallback(c10::DeviceType device) const;
 
-  // ---- native collectives (CPU); CUDA tensors are delegated for now.
+  // ---- native collectives
   Ptr<Work> broadcast(std::vector<at::Tensor>& tensors, const ::c10d::BroadcastOptions& opts) override;
   Ptr<Work> allreduce(std::vector<at::Tensor>& tensors, const ::c10d::AllreduceOptions& opts) override;
   Ptr<Work> allreduce_coalesced(std::vector<at::Tensor>& tensors, const ::c10d::AllreduceCoalescedOptions& opts) override;
@@ -182,19 +192,33 @@ class ProcessGroupSMDDP : public ::c10d::Backend {
   // Before a host call: huge pages for its large buffers (SMDDP_HUGE_PAGES).
   void prepareHostMemory(const algorithm::OpArgs& a) const;
   void runOnHost(const algorithm::OpArgs& args);
-  // Runs `body` as the native collective `label` (e.g. "allreduce"); takes
-  // `nseq` sequence numbers (the first is passed to body).
+  // Runs `body` as the native collective `name` (e.g. "allreduce"); takes
+  // `nseq` sequence numbers (the first is passed to body). `detail`
+  // describes the call in the flight recorder; a device call brings the
+  // record it was prepared with and its hooks.
   Ptr<Work> submitNative(
       ::c10d::OpType op_type,
       const char* name,
+      const std::string& detail,
       std::vector<at::Tensor> outputs,
       const std::optional<std::vector<at::Tensor>>& inputs,
       bool async_op,
       size_t nseq,
       std::function<void(uint64_t first_seq, const Deadline& deadline)> body,
-      const CudaPath::Call* device_hooks = nullptr);
-  // The exception to store for a failure of native op `label`.
-  std::exception_ptr translate(const std::string& label, std::exception_ptr error);
+      const DevicePath::Call* device_hooks = nullptr,
+      std::optional<uint64_t> record = std::nullopt);
+  // Makes the group unusable after the communication failure `msg` (the
+  // first one wins): later calls fail fast with it, the peers are told, the
+  // device work is aborted and the flight recorder dumped if asked.
+  // `on_executor`: called from the thread that ran the failed call (the
+  // host communicator is then idle and can tell its peers).
+  void failGroup(const std::string& msg, bool on_executor);
+  // The device path, created on first use; null when the CUDA module is
+  // unavailable (the reason is logged once).
+  DevicePath* devicePath() const;
+  // The exception to store for a failure of native op `label` (the flight
+  // recorder's entry `record`).
+  std::exception_ptr translate(const std::string& label, std::exception_ptr error, uint64_t record);
   Ptr<::c10d::Backend> fallbackFor(const std::vector<at::Tensor>& tensors, const char* op) const;
   Ptr<::c10d::Backend> fallbackFor(c10::DeviceType device, const char* op) const;
   // Whether CPU tensors of this dtype / reduce op run natively.
@@ -275,7 +299,12 @@ class ProcessGroupSMDDP : public ::c10d::Backend {
   Ptr<::c10d::Backend::Options> options_;
   std::unique_ptr<topology::Topology> topology_;
   std::unique_ptr<algorithm::Communicator> communicator_;
-  std::unique_ptr<CudaPath> cuda_;
+  // The group's store with its keys under this group's generation.
+  Ptr<::c10d::Store> store_;
+  mutable FlightRecorder recorder_;
+  mutable std::mutex device_mu_;
+  mutable std::unique_ptr<DevicePath> device_;
+  mutable bool device_tried_ = false;
   std::shared_ptr<Executor> executor_;
   std::atomic<int64_t> timeout_ms_;
   std::atomic<uint64_t> next_seq_{0};  // how many sequence numbers were issued

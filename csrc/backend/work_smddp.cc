@@ -53,16 +53,42 @@ bool WorkSMDDP::isCompleted() {
   if (!done_.load(std::memory_order_acquire)) {
     return false;
   }
-  return !gpu_done_ || exception_ || gpu_done_();
+  return !gpu_done_ || exception_ || deviceException() || gpu_done_();
 }
 
 void WorkSMDDP::setDeviceHooks(
     std::function<void()> on_wait,
     std::function<bool()> gpu_done,
+    std::function<std::string()> device_error,
     std::function<void(const std::function<void()>&)> context) {
   on_wait_ = std::move(on_wait);
   gpu_done_ = std::move(gpu_done);
+  device_error_ = std::move(device_error);
   context_ = std::move(context);
+}
+
+std::exception_ptr WorkSMDDP::deviceException() const {
+  if (!device_error_ || !done_.load(std::memory_order_acquire)) {
+    return nullptr;
+  }
+  std::lock_guard<std::mutex> lock(device_mu_);
+  if (!device_exception_) {
+    const std::string why = device_error_();
+    if (!why.empty()) {
+      device_exception_ = std::make_exception_ptr(c10::DistBackendError(
+          c10::SourceLocation{__func__, __FILE__, static_cast<uint32_t>(__LINE__)}, why));
+    }
+  }
+  return device_exception_;
+}
+
+std::exception_ptr WorkSMDDP::exception() const {
+  std::exception_ptr host = ::c10d::Work::exception();
+  return host ? host : deviceException();
+}
+
+bool WorkSMDDP::isSuccess() const {
+  return !exception();
 }
 
 void WorkSMDDP::synchronize() {
@@ -204,6 +230,9 @@ bool WorkSMDDP::wait(std::chrono::milliseconds timeout) {
     std::rethrow_exception(exception_);
   }
   lock.unlock();
+  if (std::exception_ptr device = deviceException()) {
+    std::rethrow_exception(device);
+  }
   if (on_wait_) {
     on_wait_();
   }

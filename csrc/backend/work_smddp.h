@@ -77,10 +77,15 @@ class WorkSMDDP : public ::c10d::Work {
   // caller's stream wait (on_wait), is_completed() asks the GPU (gpu_done),
   // and the future completes inside `context` (with the communication
   // stream current, so that CUDA futures record their events on it).
+  // `device_error` is the failure the watchdog found after the host part
+  // completed ("" while none): wait() and exception() report it.
   void setDeviceHooks(
       std::function<void()> on_wait,
       std::function<bool()> gpu_done,
+      std::function<std::string()> device_error,
       std::function<void(const std::function<void()>&)> context);
+  std::exception_ptr exception() const override;
+  bool isSuccess() const override;
 
   // "allreduce #12", for messages.
   std::string label() const;
@@ -112,6 +117,11 @@ class WorkSMDDP : public ::c10d::Work {
   std::atomic<bool> done_{false};
   std::function<void()> on_wait_;
   std::function<bool()> gpu_done_;
+  std::function<std::string()> device_error_;
+  // The DistBackendError made from device_error_, once it is reported.
+  mutable std::mutex device_mu_;
+  mutable std::exception_ptr device_exception_;
+  std::exception_ptr deviceException() const;
   std::function<void(const std::function<void()>&)> context_;
 };
 

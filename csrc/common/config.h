@@ -104,7 +104,16 @@ constexpr size_t kAutoBytes = static_cast<size_t>(-1);
     "Thread blocks (of 512 threads) the reduction kernels may use.")            \
   X(cuda_inter_node, "SMDDP_CUDA_INTER_NODE", true, choice, "auto", "auto|nccl|host", \
     "Inter-node stage of CUDA collectives: NCCL rails (auto: when every rank "  \
-    "has a GPU of its own) or staging through host memory and sockets.")
+    "has a GPU of its own) or staging through host memory and sockets.")        \
+  X(cuda_ipc, "SMDDP_CUDA_IPC", true, bool, "1", "",                                  \
+    "Map the node peers' device memory with CUDA IPC (0: CUDA collectives "      \
+    "stage through host memory). Where a rank cannot map it (a sandboxed "       \
+    "runtime), every rank stages through host memory, with a warning naming "    \
+    "that rank.")                                                               \
+  X(debug_dump, "SMDDP_DEBUG_DUMP", false, string, "", "",                            \
+    "Path prefix of a dump of each rank's last collectives (op, size, sequence " \
+    "number, state, times), written to <prefix>.<group>.<rank>.json when a "     \
+    "collective fails or outlives the group's timeout; empty: no dump.")
 
 struct Config {
   Algo algo = Algo::kAuto;
@@ -128,6 +137,8 @@ struct Config {
   size_t cuda_staging_bytes = 0;
   int cuda_reduce_blocks = 0;
   std::string cuda_inter_node;
+  bool cuda_ipc = true;
+  std::string debug_dump;
 
   // Not knobs: how many ranks of the job run on this host and the fewest
   // CPUs any of them may use, set alike on every rank of a host by the

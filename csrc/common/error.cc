@@ -4,6 +4,8 @@
 
 namespace smddp {
 
+Error::~Error() = default;
+
 const char* errorKindName(ErrorKind kind) {
   switch (kind) {
     case ErrorKind::kInvalidArgument:

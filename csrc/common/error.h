@@ -37,6 +37,9 @@ class Error : public std::runtime_error {
  public:
   Error(ErrorKind kind, const std::string& what)
       : std::runtime_error(what), kind_(kind) {}
+  // Out of line: the type's vtable and typeinfo live in one library, which
+  // both extension modules share, so that each catches the other's errors.
+  ~Error() override;
   ErrorKind kind() const noexcept {
     return kind_;
   }

@@ -7,6 +7,7 @@
 #include <torch/extension.h>
 
 #include "algorithm/reduce.h"
+#include "backend/device_path.h"
 #include "backend/fallback_factory.h"
 #include "backend/process_group_smddp.h"
 #include "common/config.h"
@@ -14,12 +15,6 @@
 #include "common/log.h"
 #include "transport/shm/segment.h"
 
-#ifdef SMDDP_WITH_CUDA
-#include <c10/cuda/CUDAGuard.h>
-#include <c10/cuda/CUDAStream.h>
-
-#include "algorithm/cuda/device_reduce.h"
-#endif
 
 namespace py = pybind11;
 
@@ -122,40 +117,6 @@ at::Tensor reduceTensors(
   return out;
 }
 
-#ifdef SMDDP_WITH_CUDA
-// The device reduction kernel on CUDA tensors, on the current stream (the
-// kernel benchmark and tests call it directly).
-at::Tensor deviceReduce(
-    const std::vector<at::Tensor>& srcs,
-    const std::string& op,
-    int max_blocks,
-    std::optional<at::Tensor> out,
-    double premul,
-    double divisor) {
-  TORCH_CHECK_VALUE(!srcs.empty(), "smddp: device_reduce needs at least one tensor");
-  std::vector<const void*> ptrs;
-  for (const auto& s : srcs) {
-    TORCH_CHECK_VALUE(s.is_cuda() && s.is_contiguous() && s.numel() == srcs[0].numel() &&
-                          s.scalar_type() == srcs[0].scalar_type() && s.device() == srcs[0].device(),
-                      "smddp: device_reduce needs contiguous CUDA tensors of one dtype, size and device");
-    ptrs.push_back(s.data_ptr());
-  }
-  smddp::algorithm::ReduceSpec spec;
-  spec.dtype = dataTypeOf(srcs[0]);
-  spec.op = reduceOpFromName(op);
-  spec.premul = premul;
-  spec.divisor = divisor;
-  TORCH_CHECK_VALUE(smddp::algorithm::cuda::deviceReduceSupported(spec.dtype, spec.op),
-                    "smddp: no device kernel for ", op, " on ", srcs[0].scalar_type());
-  at::Tensor dst = out.has_value() ? *out : at::empty_like(srcs[0]);
-  c10::cuda::CUDAGuard guard(srcs[0].device());
-  cudaError_t err = smddp::algorithm::cuda::launchReduce(
-      spec, dst.data_ptr(), ptrs.data(), static_cast<int>(ptrs.size()), static_cast<size_t>(dst.numel()), true,
-      true, max_blocks, c10::cuda::getCurrentCUDAStream().stream());
-  TORCH_CHECK(err == cudaSuccess, "smddp: reduction kernel failed: ", cudaGetErrorString(err));
-  return dst;
-}
-#endif
 
 py::list configKnobs() {
   py::list out;
@@ -217,6 +178,24 @@ void setFallbackFactory(py::object factory) {
           c10::Device(device).type(), c10::intrusive_ptr<::c10d::Backend>::reclaim_copy(backend));
     }
     return out;
+  });
+}
+
+// The loader of the CUDA module: a Python callable that imports it and
+// returns "" or why it could not (smddp/_cuda.py).
+void setDevicePathLoader(py::object loader) {
+  if (loader.is_none()) {
+    smddp::setDevicePathLoader(nullptr);
+    return;
+  }
+  auto holder = std::make_shared<py::object>(std::move(loader));
+  smddp::setDevicePathLoader([holder]() -> std::string {
+    py::gil_scoped_acquire gil;
+    try {
+      return (*holder)().cast<std::string>();
+    } catch (const std::exception& e) {
+      return e.what();
+    }
   });
 }
 
@@ -283,11 +262,15 @@ PYBIND11_MODULE(_C, m) {
   m.def("reduce", &reduceTensors, py::arg("tensors"), py::arg("op"), py::arg("premul") = 1.0,
         py::arg("divisor") = 1.0, py::arg("raw") = true, py::arg("finalize") = true);
   m.attr("torch_version") = py::str(TORCH_VERSION);
-#ifdef SMDDP_WITH_CUDA
-  m.attr("with_cuda") = true;
-  m.def("device_reduce", &deviceReduce, py::arg("tensors"), py::arg("op"), py::arg("max_blocks") = 32,
-        py::arg("out") = std::nullopt, py::arg("premul") = 1.0, py::arg("divisor") = 1.0);
-#else
-  m.attr("with_cuda") = false;
-#endif
+  m.def("set_device_path_loader", &setDevicePathLoader, py::arg("loader"));
+  // What a CUDA tensor's first native collective would get: "" when the
+  // device path is available, else why not (loads the CUDA module once).
+  m.def(
+      "device_path_status",
+      [] {
+        std::string why;
+        smddp::devicePathFactory(&why);
+        return why;
+      },
+      py::call_guard<py::gil_scoped_release>());
 }

@@ -1,19 +1,29 @@
 #include "algorithm/cuda/device_reduce.h"
 
-#include <cuda_bf16.h>
-#include <cuda_fp16.h>
-
 #include <cstdint>
+
+#include "algorithm/reduce_ops.h"
+#include "common/error.h"
 
 namespace smddp::algorithm::cuda {
 
 namespace {
+
+using ops::Combine;
 
 constexpr int kThreads = 512;
 constexpr int kUnroll = 4;
 
 struct Sources {
   const void* ptr[kMaxDeviceSources];
+};
+
+// Storage types: float, and the bits of the half types.
+struct F16 {
+  uint16_t bits;
+};
+struct Bf16 {
+  uint16_t bits;
 };
 
 template <typename T>
@@ -30,37 +40,24 @@ struct Conv<float> {
 };
 
 template <>
-struct Conv<__half> {
-  __device__ static float load(__half x) {
-    return __half2float(x);
+struct Conv<F16> {
+  __device__ static float load(F16 x) {
+    return ops::f16ToFloat(x.bits);
   }
-  __device__ static __half store(float x) {
-    return __float2half_rn(x);
+  __device__ static F16 store(float x) {
+    return F16{ops::floatToF16(x)};
   }
 };
 
 template <>
-struct Conv<__nv_bfloat16> {
-  __device__ static float load(__nv_bfloat16 x) {
-    return __bfloat162float(x);
+struct Conv<Bf16> {
+  __device__ static float load(Bf16 x) {
+    return ops::bf16ToFloat(x.bits);
   }
-  __device__ static __nv_bfloat16 store(float x) {
-    return __float2bfloat16_rn(x);
+  __device__ static Bf16 store(float x) {
+    return Bf16{ops::floatToBf16(x)};
   }
 };
-
-template <ReduceOp kOp>
-__device__ __forceinline__ float combine(float a, float b) {
-  if constexpr (kOp == ReduceOp::kProduct) {
-    return a * b;
-  } else if constexpr (kOp == ReduceOp::kMin) {
-    return (a < b || a != a) ? a : b;
-  } else if constexpr (kOp == ReduceOp::kMax) {
-    return (a > b || a != a) ? a : b;
-  } else {
-    return a + b;
-  }
-}
 
 // One 16-byte vector of T.
 template <typename T>
@@ -69,7 +66,25 @@ struct alignas(16) Vec {
   T v[kElems];
 };
 
-template <typename T, ReduceOp kOp, bool kScale, bool kDivide>
+template <bool kScale>
+__device__ __forceinline__ float scaled(float x, float s) {
+  if constexpr (kScale) {
+    return ops::mul(x, s);
+  } else {
+    return x;
+  }
+}
+
+template <bool kDivide>
+__device__ __forceinline__ float finished(float x, float d) {
+  if constexpr (kDivide) {
+    return __fdiv_rn(x, d);
+  } else {
+    return x;
+  }
+}
+
+template <typename T, Combine kC, bool kScale, bool kDivide>
 __global__ void __launch_bounds__(kThreads) reduceVectorized(
     T* dst,
     Sources srcs,
@@ -91,8 +106,7 @@ __global__ void __launch_bounds__(kThreads) reduceVectorized(
         V x = reinterpret_cast<const V*>(srcs.ptr[0])[i];
 #pragma unroll
         for (int e = 0; e < E; ++e) {
-          float f = Conv<T>::load(x.v[e]);
-          acc[u][e] = kScale ? f * scale : f;
+          acc[u][e] = scaled<kScale>(Conv<T>::load(x.v[e]), scale);
         }
       }
     }
@@ -109,8 +123,7 @@ __global__ void __launch_bounds__(kThreads) reduceVectorized(
       for (int u = 0; u < kUnroll; ++u) {
 #pragma unroll
         for (int e = 0; e < E; ++e) {
-          float f = Conv<T>::load(x[u].v[e]);
-          acc[u][e] = combine<kOp>(acc[u][e], kScale ? f * scale : f);
+          acc[u][e] = ops::combine<kC>(acc[u][e], scaled<kScale>(Conv<T>::load(x[u].v[e]), scale));
         }
       }
     }
@@ -121,7 +134,7 @@ __global__ void __launch_bounds__(kThreads) reduceVectorized(
         V y;
 #pragma unroll
         for (int e = 0; e < E; ++e) {
-          y.v[e] = Conv<T>::store(kDivide ? acc[u][e] / divisor : acc[u][e]);
+          y.v[e] = Conv<T>::store(finished<kDivide>(acc[u][e], divisor));
         }
         reinterpret_cast<V*>(dst)[i] = y;
       }
@@ -130,7 +143,7 @@ __global__ void __launch_bounds__(kThreads) reduceVectorized(
 }
 
 // Elements from `first` on, one per thread (unaligned buffers, tails).
-template <typename T, ReduceOp kOp, bool kScale, bool kDivide>
+template <typename T, Combine kC, bool kScale, bool kDivide>
 __global__ void __launch_bounds__(kThreads) reduceScalar(
     T* dst,
     Sources srcs,
@@ -141,13 +154,11 @@ __global__ void __launch_bounds__(kThreads) reduceScalar(
     float divisor) {
   const size_t stride = static_cast<size_t>(gridDim.x) * blockDim.x;
   for (size_t i = first + static_cast<size_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < count; i += stride) {
-    float f = Conv<T>::load(static_cast<const T*>(srcs.ptr[0])[i]);
-    float acc = kScale ? f * scale : f;
+    float acc = scaled<kScale>(Conv<T>::load(static_cast<const T*>(srcs.ptr[0])[i]), scale);
     for (int k = 1; k < nsrc; ++k) {
-      float g = Conv<T>::load(static_cast<const T*>(srcs.ptr[k])[i]);
-      acc = combine<kOp>(acc, kScale ? g * scale : g);
+      acc = ops::combine<kC>(acc, scaled<kScale>(Conv<T>::load(static_cast<const T*>(srcs.ptr[k])[i]), scale));
     }
-    dst[i] = Conv<T>::store(kDivide ? acc / divisor : acc);
+    dst[i] = Conv<T>::store(finished<kDivide>(acc, divisor));
   }
 }
 
@@ -159,8 +170,8 @@ int blocksFor(size_t items, int max_blocks) {
   return static_cast<int>(want < static_cast<size_t>(max_blocks) ? want : static_cast<size_t>(max_blocks));
 }
 
-template <typename T, ReduceOp kOp, bool kScale, bool kDivide>
-cudaError_t launchTyped(
+template <typename T, Combine kC, bool kScale, bool kDivide>
+void launchTyped(
     void* dst,
     const Sources& srcs,
     int nsrc,
@@ -177,19 +188,40 @@ cudaError_t launchTyped(
   size_t done = 0;
   if (aligned && count >= E) {
     const size_t nvec = count / E;
-    reduceVectorized<T, kOp, kScale, kDivide><<<blocksFor((nvec + kUnroll - 1) / kUnroll, max_blocks), kThreads, 0, stream>>>(
+    reduceVectorized<T, kC, kScale, kDivide><<<blocksFor((nvec + kUnroll - 1) / kUnroll, max_blocks), kThreads, 0, stream>>>(
         static_cast<T*>(dst), srcs, nsrc, nvec, scale, divisor);
     done = nvec * E;
   }
   if (done < count) {
-    reduceScalar<T, kOp, kScale, kDivide><<<blocksFor(count - done, max_blocks), kThreads, 0, stream>>>(
+    reduceScalar<T, kC, kScale, kDivide><<<blocksFor(count - done, max_blocks), kThreads, 0, stream>>>(
         static_cast<T*>(dst), srcs, nsrc, done, count, scale, divisor);
   }
-  return cudaGetLastError();
+}
+
+template <typename T, Combine kC>
+void launchScaled(
+    void* dst,
+    const Sources& srcs,
+    int nsrc,
+    size_t count,
+    bool scale,
+    bool divide,
+    float premul,
+    float divisor,
+    int max_blocks,
+    cudaStream_t stream) {
+  if (scale) {
+    // PREMUL_SUM's factor and AVG's division never meet in one op.
+    launchTyped<T, kC, true, false>(dst, srcs, nsrc, count, premul, divisor, max_blocks, stream);
+  } else if (divide) {
+    launchTyped<T, kC, false, true>(dst, srcs, nsrc, count, premul, divisor, max_blocks, stream);
+  } else {
+    launchTyped<T, kC, false, false>(dst, srcs, nsrc, count, premul, divisor, max_blocks, stream);
+  }
 }
 
 template <typename T>
-cudaError_t launchForType(
+void launchForType(
     const ReduceSpec& spec,
     void* dst,
     const Sources& srcs,
@@ -199,40 +231,59 @@ cudaError_t launchForType(
     bool finalize,
     int max_blocks,
     cudaStream_t stream) {
-  const float scale = static_cast<float>(spec.premul);
+  const ops::OpTraits t = ops::traitsOf(spec.op);
+  const bool scale = raw && t.scales_inputs;
+  const bool divide = finalize && t.divides;
+  const float premul = static_cast<float>(spec.premul);
   const float divisor = static_cast<float>(spec.divisor);
-  const bool divide = finalize && spec.op == ReduceOp::kAvg;
-  switch (spec.op) {
-    case ReduceOp::kSum:
-      return launchTyped<T, ReduceOp::kSum, false, false>(dst, srcs, nsrc, count, scale, divisor, max_blocks, stream);
-    case ReduceOp::kAvg:
-      return divide
-          ? launchTyped<T, ReduceOp::kSum, false, true>(dst, srcs, nsrc, count, scale, divisor, max_blocks, stream)
-          : launchTyped<T, ReduceOp::kSum, false, false>(dst, srcs, nsrc, count, scale, divisor, max_blocks, stream);
-    case ReduceOp::kPremulSum:
-      return raw
-          ? launchTyped<T, ReduceOp::kSum, true, false>(dst, srcs, nsrc, count, scale, divisor, max_blocks, stream)
-          : launchTyped<T, ReduceOp::kSum, false, false>(dst, srcs, nsrc, count, scale, divisor, max_blocks, stream);
-    case ReduceOp::kProduct:
-      return launchTyped<T, ReduceOp::kProduct, false, false>(dst, srcs, nsrc, count, scale, divisor, max_blocks, stream);
-    case ReduceOp::kMin:
-      return launchTyped<T, ReduceOp::kMin, false, false>(dst, srcs, nsrc, count, scale, divisor, max_blocks, stream);
-    case ReduceOp::kMax:
-      return launchTyped<T, ReduceOp::kMax, false, false>(dst, srcs, nsrc, count, scale, divisor, max_blocks, stream);
-    default:
-      return cudaErrorInvalidValue;
+  switch (t.combine) {
+    case Combine::kSum:
+      return launchScaled<T, Combine::kSum>(dst, srcs, nsrc, count, scale, divide, premul, divisor, max_blocks, stream);
+    case Combine::kProduct:
+      return launchScaled<T, Combine::kProduct>(dst, srcs, nsrc, count, scale, divide, premul, divisor, max_blocks,
+                                                stream);
+    case Combine::kMin:
+      return launchScaled<T, Combine::kMin>(dst, srcs, nsrc, count, scale, divide, premul, divisor, max_blocks, stream);
+    case Combine::kMax:
+      return launchScaled<T, Combine::kMax>(dst, srcs, nsrc, count, scale, divide, premul, divisor, max_blocks, stream);
   }
 }
 
 } // namespace
 
 bool deviceReduceSupported(DataType dtype, ReduceOp op) {
-  const bool type_ok =
-      dtype == DataType::kFloat32 || dtype == DataType::kFloat16 || dtype == DataType::kBFloat16;
-  return type_ok && op < ReduceOp::kCount;
+  bool type_ok = false;
+  switch (dtype) {
+    case DataType::kFloat32:
+    case DataType::kFloat16:
+    case DataType::kBFloat16:
+      type_ok = true;
+      break;
+    case DataType::kFloat64:
+    case DataType::kInt8:
+    case DataType::kUInt8:
+    case DataType::kInt32:
+    case DataType::kInt64:
+    case DataType::kBool:
+    case DataType::kCount:
+      type_ok = false;
+      break;
+  }
+  switch (op) {
+    case ReduceOp::kSum:
+    case ReduceOp::kAvg:
+    case ReduceOp::kProduct:
+    case ReduceOp::kMin:
+    case ReduceOp::kMax:
+    case ReduceOp::kPremulSum:
+      return type_ok;
+    case ReduceOp::kCount:
+      return false;
+  }
+  return false;
 }
 
-cudaError_t launchReduce(
+void launchReduce(
     const ReduceSpec& spec,
     void* dst,
     const void* const* srcs,
@@ -242,11 +293,20 @@ cudaError_t launchReduce(
     bool finalize,
     int max_blocks,
     cudaStream_t stream) {
+  SMDDP_CHECK_ARG(nsrc >= 1 && nsrc <= kMaxDeviceSources, "the device reduction takes 1 to ", kMaxDeviceSources,
+                  " sources (got ", nsrc, ")");
+  SMDDP_CHECK_ARG(max_blocks >= 1, "the device reduction needs at least one block (got ", max_blocks, ")");
+  SMDDP_CHECK_ARG(deviceReduceSupported(spec.dtype, spec.op), "no device reduction of ", dataTypeName(spec.dtype),
+                  " with ", reduceOpName(spec.op));
   if (count == 0) {
-    return cudaSuccess;
+    return;
   }
-  if (nsrc < 1 || nsrc > kMaxDeviceSources || max_blocks < 1) {
-    return cudaErrorInvalidValue;
+  // An error already pending belongs to earlier work (a kernel of the
+  // caller's, say): name it so, not as this kernel's.
+  const cudaError_t earlier = cudaGetLastError();
+  if (earlier != cudaSuccess) {
+    SMDDP_THROW(kComm, "the device reported an error from earlier work before the reduction was launched: ",
+                cudaGetErrorName(earlier), " (", cudaGetErrorString(earlier), ")");
   }
   Sources s{};
   for (int k = 0; k < nsrc; ++k) {
@@ -254,30 +314,45 @@ cudaError_t launchReduce(
   }
   switch (spec.dtype) {
     case DataType::kFloat32:
-      return launchForType<float>(spec, dst, s, nsrc, count, raw, finalize, max_blocks, stream);
+      launchForType<float>(spec, dst, s, nsrc, count, raw, finalize, max_blocks, stream);
+      break;
     case DataType::kFloat16:
-      return launchForType<__half>(spec, dst, s, nsrc, count, raw, finalize, max_blocks, stream);
+      launchForType<F16>(spec, dst, s, nsrc, count, raw, finalize, max_blocks, stream);
+      break;
     case DataType::kBFloat16:
-      return launchForType<__nv_bfloat16>(spec, dst, s, nsrc, count, raw, finalize, max_blocks, stream);
-    default:
-      return cudaErrorInvalidValue;
+      launchForType<Bf16>(spec, dst, s, nsrc, count, raw, finalize, max_blocks, stream);
+      break;
+    case DataType::kFloat64:
+    case DataType::kInt8:
+    case DataType::kUInt8:
+    case DataType::kInt32:
+    case DataType::kInt64:
+    case DataType::kBool:
+    case DataType::kCount:
+      SMDDP_THROW(kInvalidArgument, "no device reduction of ", dataTypeName(spec.dtype));
+  }
+  const cudaError_t launched = cudaGetLastError();
+  if (launched != cudaSuccess) {
+    SMDDP_THROW(kComm, "the reduction kernel could not be launched: ", cudaGetErrorName(launched), " (",
+                cudaGetErrorString(launched), ")");
   }
 }
 
-cudaError_t launchFinalize(
+void launchFinalize(
     const ReduceSpec& spec,
     void* dst,
     size_t count,
     bool raw,
     int max_blocks,
     cudaStream_t stream) {
-  const bool scales = raw && spec.op == ReduceOp::kPremulSum && spec.premul != 1.0;
-  const bool divides = spec.op == ReduceOp::kAvg && spec.divisor != 1.0;
+  const ops::OpTraits t = ops::traitsOf(spec.op);
+  const bool scales = raw && t.scales_inputs && spec.premul != 1.0;
+  const bool divides = t.divides && spec.divisor != 1.0;
   if (!scales && !divides) {
-    return cudaSuccess;
+    return;
   }
   const void* src[1] = {dst};
-  return launchReduce(spec, dst, src, 1, count, raw, true, max_blocks, stream);
+  launchReduce(spec, dst, src, 1, count, raw, true, max_blocks, stream);
 }
 
 } // namespace smddp::algorithm::cuda

@@ -2,10 +2,12 @@
 // sources in the order given (deterministic), any of them possibly a peer
 // GPU's memory mapped through CUDA IPC (read over NVLink).
 //
-// float32, float16 and bfloat16; SUM, AVG, PRODUCT, MIN, MAX, PREMUL_SUM,
-// with the semantics of the CPU kernels (algorithm/reduce.h): half types
-// accumulate in float32 and round once; MIN/MAX propagate NaN; `raw` applies
-// PREMUL_SUM's factor to every source, `finalize` AVG's division.
+// float32, float16 and bfloat16; SUM, AVG, PRODUCT, MIN, MAX, PREMUL_SUM.
+// The element operations and conversions are the CPU kernels' own
+// (algorithm/reduce_ops.h), so the bits equal the CPU path's for the same
+// sources: half types accumulate in float32 and round once; MIN/MAX
+// propagate NaN; no multiply-add is fused; `raw` applies PREMUL_SUM's factor
+// to every source, `finalize` AVG's division.
 //
 // The kernel reads 16 bytes per load with several loads in flight per
 // thread when every pointer is 16-byte aligned, else one element at a time.
@@ -17,17 +19,19 @@
 
 #include <cstddef>
 
+#include "algorithm/device_setup.h"
 #include "algorithm/reduce.h"
 
 namespace smddp::algorithm::cuda {
 
-constexpr int kMaxDeviceSources = 16;
-
 // True for the dtype/op pairs the device kernels implement.
 bool deviceReduceSupported(DataType dtype, ReduceOp op);
 
-// Enqueues the reduction on `stream`; returns the launch's error.
-cudaError_t launchReduce(
+// Enqueues the reduction of `nsrc` (1..kMaxDeviceSources) sources on
+// `stream`. Throws Error: kInvalidArgument for bad arguments; kComm when the
+// device already holds an error from earlier work (named as such, so that it
+// is not taken for this kernel's) or the launch fails.
+void launchReduce(
     const ReduceSpec& spec,
     void* dst,
     const void* const* srcs,
@@ -39,8 +43,8 @@ cudaError_t launchReduce(
     cudaStream_t stream);
 
 // dst[i] = finalize(dst[i]): AVG's division (and PREMUL_SUM's factor when
-// raw) in place.
-cudaError_t launchFinalize(
+// raw) in place; nothing to do for the other ops.
+void launchFinalize(
     const ReduceSpec& spec,
     void* dst,
     size_t count,

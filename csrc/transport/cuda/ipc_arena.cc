@@ -3,6 +3,7 @@
 #include <cstring>
 
 #include "common/error.h"
+#include "topology/topology.h"
 
 namespace smddp::transport {
 
@@ -22,66 +23,99 @@ struct Handles {
 
 } // namespace
 
-CudaIpcArena::CudaIpcArena(
-    Store& store,
-    const std::string& key,
-    int local_rank,
-    int local_size,
-    int device,
-    size_t staging_bytes)
+CudaIpcArena::CudaIpcArena(int local_rank, int local_size, int device, size_t staging_bytes)
     : local_rank_(local_rank),
       local_size_(local_size),
       device_(device),
       staging_bytes_(staging_bytes),
       staging_(static_cast<size_t>(local_size), nullptr),
       ready_(static_cast<size_t>(local_size), nullptr),
-      done_(static_cast<size_t>(local_size), nullptr) {
+      done_(static_cast<size_t>(local_size), nullptr) {}
+
+std::string CudaIpcArena::identity() {
+  char id[64] = {0};
+  cudaCheck(cudaDeviceGetPCIBusId(id, sizeof(id), device_), "cudaDeviceGetPCIBusId");
+  return str(topology::hostIdentity(), "/", id);
+}
+
+std::vector<uint8_t> CudaIpcArena::exportLocal() {
   cudaCheck(cudaSetDevice(device_), "cudaSetDevice");
   const size_t me = static_cast<size_t>(local_rank_);
-  cudaCheck(cudaMalloc(reinterpret_cast<void**>(&staging_[me]), staging_bytes_), "cudaMalloc of the staging buffer");
-  const unsigned flags = cudaEventDisableTiming | cudaEventInterprocess;
-  cudaCheck(cudaEventCreateWithFlags(&ready_[me], flags), "cudaEventCreate");
-  cudaCheck(cudaEventCreateWithFlags(&done_[me], flags), "cudaEventCreate");
-  Handles mine{};
-  cudaCheck(cudaIpcGetMemHandle(&mine.mem, staging_[me]), "cudaIpcGetMemHandle");
-  cudaCheck(cudaIpcGetEventHandle(&mine.ready, ready_[me]), "cudaIpcGetEventHandle");
-  cudaCheck(cudaIpcGetEventHandle(&mine.done, done_[me]), "cudaIpcGetEventHandle");
-  std::vector<uint8_t> bytes(sizeof(Handles));
-  std::memcpy(bytes.data(), &mine, sizeof(Handles));
-  auto all = storeAllGather(store, key, local_rank_, local_size_, bytes);
+  try {
+    cudaCheck(cudaMalloc(reinterpret_cast<void**>(&staging_[me]), staging_bytes_), "cudaMalloc of the staging buffer");
+    const unsigned flags = cudaEventDisableTiming | cudaEventInterprocess;
+    cudaCheck(cudaEventCreateWithFlags(&ready_[me], flags), "cudaEventCreate (interprocess)");
+    cudaCheck(cudaEventCreateWithFlags(&done_[me], flags), "cudaEventCreate (interprocess)");
+    Handles mine{};
+    cudaCheck(cudaIpcGetMemHandle(&mine.mem, staging_[me]), "cudaIpcGetMemHandle");
+    cudaCheck(cudaIpcGetEventHandle(&mine.ready, ready_[me]), "cudaIpcGetEventHandle");
+    cudaCheck(cudaIpcGetEventHandle(&mine.done, done_[me]), "cudaIpcGetEventHandle");
+    std::vector<uint8_t> bytes(sizeof(Handles));
+    std::memcpy(bytes.data(), &mine, sizeof(Handles));
+    return bytes;
+  } catch (...) {
+    releaseExports();
+    throw;
+  }
+}
+
+void CudaIpcArena::importPeer(int l, const std::vector<uint8_t>& exported) {
+  SMDDP_CHECK_ARG(l >= 0 && l < local_size_ && l != local_rank_, "bad local rank ", l);
+  SMDDP_CHECK_ARG(exported.size() == sizeof(Handles), "IPC handles of local rank ", l, " have ", exported.size(),
+                  " bytes, expected ", sizeof(Handles), " (a different smddp or CUDA build on that rank?)");
+  cudaCheck(cudaSetDevice(device_), "cudaSetDevice");
+  Handles h{};
+  std::memcpy(&h, exported.data(), sizeof(Handles));
+  const size_t i = static_cast<size_t>(l);
+  void* p = nullptr;
+  cudaCheck(cudaIpcOpenMemHandle(&p, h.mem, cudaIpcMemLazyEnablePeerAccess), "cudaIpcOpenMemHandle");
+  staging_[i] = static_cast<uint8_t*>(p);
+  cudaCheck(cudaIpcOpenEventHandle(&ready_[i], h.ready), "cudaIpcOpenEventHandle");
+  cudaCheck(cudaIpcOpenEventHandle(&done_[i], h.done), "cudaIpcOpenEventHandle");
+}
+
+void CudaIpcArena::closeImports() {
+  cudaSetDevice(device_);
   for (int l = 0; l < local_size_; ++l) {
     if (l == local_rank_) {
       continue;
     }
-    Handles h{};
-    SMDDP_ASSERT(all[static_cast<size_t>(l)].size() == sizeof(Handles), "bad IPC handles from a peer");
-    std::memcpy(&h, all[static_cast<size_t>(l)].data(), sizeof(Handles));
-    void* p = nullptr;
-    cudaCheck(cudaIpcOpenMemHandle(&p, h.mem, cudaIpcMemLazyEnablePeerAccess), "cudaIpcOpenMemHandle");
-    staging_[static_cast<size_t>(l)] = static_cast<uint8_t*>(p);
-    cudaCheck(cudaIpcOpenEventHandle(&ready_[static_cast<size_t>(l)], h.ready), "cudaIpcOpenEventHandle");
-    cudaCheck(cudaIpcOpenEventHandle(&done_[static_cast<size_t>(l)], h.done), "cudaIpcOpenEventHandle");
+    const size_t i = static_cast<size_t>(l);
+    if (staging_[i] != nullptr) {
+      cudaIpcCloseMemHandle(staging_[i]);
+      staging_[i] = nullptr;
+    }
+    if (ready_[i] != nullptr) {
+      cudaEventDestroy(ready_[i]);
+      ready_[i] = nullptr;
+    }
+    if (done_[i] != nullptr) {
+      cudaEventDestroy(done_[i]);
+      done_[i] = nullptr;
+    }
+  }
+}
+
+void CudaIpcArena::releaseExports() {
+  cudaSetDevice(device_);
+  const size_t me = static_cast<size_t>(local_rank_);
+  if (staging_[me] != nullptr) {
+    cudaFree(staging_[me]);
+    staging_[me] = nullptr;
+  }
+  if (ready_[me] != nullptr) {
+    cudaEventDestroy(ready_[me]);
+    ready_[me] = nullptr;
+  }
+  if (done_[me] != nullptr) {
+    cudaEventDestroy(done_[me]);
+    done_[me] = nullptr;
   }
 }
 
 CudaIpcArena::~CudaIpcArena() {
-  cudaSetDevice(device_);
-  for (int l = 0; l < local_size_; ++l) {
-    const size_t i = static_cast<size_t>(l);
-    if (l == local_rank_) {
-      if (staging_[i] != nullptr) {
-        cudaFree(staging_[i]);
-      }
-    } else if (staging_[i] != nullptr) {
-      cudaIpcCloseMemHandle(staging_[i]);
-    }
-    if (ready_[i] != nullptr) {
-      cudaEventDestroy(ready_[i]);
-    }
-    if (done_[i] != nullptr) {
-      cudaEventDestroy(done_[i]);
-    }
-  }
+  closeImports();
+  releaseExports();
 }
 
 } // namespace smddp::transport

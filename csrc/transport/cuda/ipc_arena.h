@@ -1,11 +1,12 @@
 // Device memory and events shared by the ranks of one node through CUDA IPC.
 //
 // Each rank allocates a staging buffer on its GPU and two events (ready,
-// done; interprocess, no timing), exports their IPC handles through the
-// store, and opens every peer's. Peers then copy from each other's staging
-// buffers with the copy engines (over NVLink where GPUs differ, within the
-// GPU's memory where ranks share one) and reduction kernels read them
-// directly.
+// done; interprocess, no timing), exports their IPC handles, and opens every
+// peer's (the set-up protocol, algorithm/device_setup.h, moves the handles
+// through the store: this class is its DeviceLinks). Peers then copy from
+// each other's staging buffers with the copy engines (over NVLink where GPUs
+// differ, within the GPU's memory where ranks share one) and reduction
+// kernels read them directly.
 //
 // Ordering is split between the host and the GPU: a rank records its event
 // on its stream and then posts a round in the node's host arena; a peer
@@ -13,6 +14,12 @@
 // event (cudaStreamWaitEvent takes the event as last recorded, so the host
 // round is what guarantees it is this call's record). No thread waits for
 // the GPU.
+//
+// Teardown: a rank may free its exported buffer and destroy its exported
+// events only after every peer has closed them (CUDA leaves the other order
+// undefined). closeImports() closes this rank's imports; the owner then meets
+// the node in a round before releaseExports() (or the destructor) frees the
+// exports.
 //
 // Works with several ranks on one GPU (each process has its own context;
 // IPC maps between them).
@@ -23,27 +30,28 @@
 #include <string>
 #include <vector>
 
-#include "common/store.h"
+#include "transport/device_links.h"
 
 namespace smddp::transport {
 
 // Throws kComm naming `what` if `err` is not cudaSuccess.
 void cudaCheck(cudaError_t err, const char* what);
 
-class CudaIpcArena {
+class CudaIpcArena : public DeviceLinks {
  public:
-  // Collective over the node's ranks (`local_size` of them, this one
-  // `local_rank`); `key` unique to the group and node in `store`.
-  CudaIpcArena(
-      Store& store,
-      const std::string& key,
-      int local_rank,
-      int local_size,
-      int device,
-      size_t staging_bytes);
-  ~CudaIpcArena();
+  // This rank is `local_rank` of `local_size` on its node and drives
+  // `device`. Nothing is allocated before exportLocal().
+  CudaIpcArena(int local_rank, int local_size, int device, size_t staging_bytes);
+  ~CudaIpcArena() override;
   CudaIpcArena(const CudaIpcArena&) = delete;
   CudaIpcArena& operator=(const CudaIpcArena&) = delete;
+
+  // DeviceLinks
+  std::string identity() override;
+  std::vector<uint8_t> exportLocal() override;
+  void importPeer(int local_rank, const std::vector<uint8_t>& exported) override;
+  void closeImports() override;
+  void releaseExports() override;
 
   int device() const {
     return device_;

@@ -1,0 +1,132 @@
+// One node: CUDA IPC between its ranks, through each rank's staging buffer.
+//
+//   AllGather 2 ranks:   A: a -> stage A   B: b -> stage B
+//                        A: stage B -> out[1]   B: stage A -> out[0]
+//   ReduceScatter:       every rank stages sub-chunk c of every block;
+//                        rank r reduces sub-chunk c of block r from every
+//                        stage, in local rank order
+//   AllReduce:           per chunk, rank r reduces its slice from every stage
+//                        into its stage's result half; then every rank
+//                        copies all result slices
+#include <algorithm>
+
+#include "algorithm/cuda/device_reduce.h"
+#include "algorithm/cuda/schedules.h"
+#include "algorithm/ring.h"
+
+namespace smddp::algorithm::cuda {
+
+namespace {
+
+class NodeSchedule : public Schedule {
+ public:
+  explicit NodeSchedule(DeviceContext& ctx) : ctx_(ctx) {}
+
+  void allGather(const OpArgs& args, cudaStream_t s) override {
+    const int L = ctx_.topo.localSize();
+    const int me = ctx_.topo.myLocalRank();
+    const size_t b = args.count * args.elemSize();
+    const size_t S = ctx_.ipc->stagingBytes();
+    auto* out = static_cast<uint8_t*>(args.out);
+    const auto* in = static_cast<const uint8_t*>(args.in);
+    openDeviceCall(ctx_, args);
+    copyAsync(out + static_cast<size_t>(me) * b, in, b, s);
+    const size_t chunks = std::max<size_t>(1, ceilDiv(b, S));
+    for (size_t c = 0; c < chunks; ++c) {
+      const size_t off = c * S;
+      const size_t n = std::min(S, b - std::min(b, off));
+      exchange(
+          ctx_, args, s, c == 0, [&] { copyAsync(ctx_.ipc->staging(me), in + off, n, s); },
+          [&] {
+            for (int k = 1; k < L; ++k) {
+              const int l = (me + k) % L;
+              copyAsync(out + static_cast<size_t>(l) * b + off, ctx_.ipc->staging(l), n, s);
+            }
+          });
+    }
+  }
+
+  void reduceScatter(const OpArgs& args, cudaStream_t s) override {
+    const int L = ctx_.topo.localSize();
+    const int me = ctx_.topo.myLocalRank();
+    const size_t es = args.elemSize();
+    const size_t ce = std::max<size_t>(1, ctx_.ipc->stagingBytes() / (static_cast<size_t>(L) * es));
+    const auto* in = static_cast<const uint8_t*>(args.in);
+    auto* out = static_cast<uint8_t*>(args.out);
+    std::vector<const void*> srcs(static_cast<size_t>(L));
+    openDeviceCall(ctx_, args);
+    const size_t chunks = std::max<size_t>(1, ceilDiv(args.count, ce));
+    for (size_t c = 0; c < chunks; ++c) {
+      const size_t off = c * ce;
+      const size_t n = std::min(ce, args.count - std::min(args.count, off));
+      exchange(
+          ctx_, args, s, c == 0,
+          [&] {
+            copyRows(ctx_, ctx_.ipc->staging(me), ce * es, in + off * es, args.count * es, n * es,
+                     static_cast<size_t>(L), s);
+          },
+          [&] {
+            for (int l = 0; l < L; ++l) {
+              srcs[static_cast<size_t>(l)] = ctx_.ipc->staging(l) + static_cast<size_t>(me) * ce * es;
+            }
+            launchReduce(args.reduce, out + off * es, srcs.data(), L, n, true, true, ctx_.config.cuda_reduce_blocks, s);
+          });
+    }
+  }
+
+  void allReduce(const OpArgs& args, cudaStream_t s) override {
+    const int L = ctx_.topo.localSize();
+    const int me = ctx_.topo.myLocalRank();
+    const size_t es = args.elemSize();
+    const size_t half = ctx_.ipc->stagingBytes() / 2 / 16 * 16;
+    const size_t ce = std::max<size_t>(1, half / es);
+    const auto* in = static_cast<const uint8_t*>(args.in);
+    auto* out = static_cast<uint8_t*>(args.out);
+    std::vector<const void*> srcs(static_cast<size_t>(L));
+    openDeviceCall(ctx_, args);
+    const size_t chunks = std::max<size_t>(1, ceilDiv(args.count, ce));
+    for (size_t c = 0; c < chunks; ++c) {
+      const size_t off = c * ce;
+      const size_t n = std::min(ce, args.count - std::min(args.count, off));
+      const Slices slices{n, static_cast<size_t>(L)};
+      const size_t b0 = slices.begin(static_cast<size_t>(me));
+      // Reduce my slice of the chunk from every stage into my result half.
+      exchange(
+          ctx_, args, s, c == 0, [&] { copyAsync(ctx_.ipc->staging(me), in + off * es, n * es, s); },
+          [&] {
+            for (int l = 0; l < L; ++l) {
+              srcs[static_cast<size_t>(l)] = ctx_.ipc->staging(l) + b0 * es;
+            }
+            launchReduce(args.reduce, ctx_.ipc->staging(me) + half + b0 * es, srcs.data(), L,
+                         slices.size(static_cast<size_t>(me)), true, true, ctx_.config.cuda_reduce_blocks, s);
+          });
+      // Gather every rank's reduced slice.
+      exchange(
+          ctx_, args, s, false, [] {},
+          [&] {
+            for (int l = 0; l < L; ++l) {
+              const size_t bl = slices.begin(static_cast<size_t>(l));
+              copyAsync(out + (off + bl) * es, ctx_.ipc->staging(l) + half + bl * es,
+                        slices.size(static_cast<size_t>(l)) * es, s);
+            }
+          });
+    }
+  }
+
+  void broadcast(const OpArgs& args, cudaStream_t s) override {
+    OpArgs a = args;
+    a.root = ctx_.topo.localRankOf(args.root);
+    nodeBroadcast(ctx_, a, s);
+  }
+
+ private:
+  DeviceContext& ctx_;
+};
+
+} // namespace
+
+std::unique_ptr<Schedule> makeNodeSchedule(DeviceContext& ctx) {
+  return std::make_unique<NodeSchedule>(ctx);
+}
+
+} // namespace smddp::algorithm::cuda

@@ -1,0 +1,234 @@
+// Several uniform nodes, a GPU per rank: the hierarchical schedules with the
+// rail stage on NCCL (grouped send/recv for AllGather, reduce-scatter /
+// all-reduce / broadcast) and the node stage on CUDA IPC.
+//
+//   AllGather:      each rank's block to its rail peers (NCCL), straight to
+//                   its place in the output; then the rail's N blocks to
+//                   every local peer through the stages
+//   ReduceScatter:  the node reduces every rail member's block (IPC, in
+//                   local rank order) into partials; then NCCL reduces the
+//                   partials over the rail, member m keeping block m
+//   AllReduce:      per chunk, each rank reduces its slice over the node,
+//                   all-reduces it over the rail (NCCL), and every rank
+//                   gathers the node's slices
+#include <algorithm>
+
+#include "algorithm/cuda/device_reduce.h"
+#include "algorithm/cuda/schedules.h"
+#include "algorithm/reduce_ops.h"
+#include "algorithm/ring.h"
+#include "common/error.h"
+
+namespace smddp::algorithm::cuda {
+
+namespace {
+
+ncclDataType_t ncclTypeOf(DataType t) {
+  switch (t) {
+    case DataType::kFloat32:
+      return ncclFloat32;
+    case DataType::kFloat16:
+      return ncclFloat16;
+    case DataType::kBFloat16:
+      return ncclBfloat16;
+    case DataType::kFloat64:
+    case DataType::kInt8:
+    case DataType::kUInt8:
+    case DataType::kInt32:
+    case DataType::kInt64:
+    case DataType::kBool:
+    case DataType::kCount:
+      break;
+  }
+  SMDDP_THROW(kInvalidArgument, "no NCCL reduction of ", dataTypeName(t), " on the CUDA path");
+}
+
+// How partial results combine across nodes. The node stage has applied
+// PREMUL_SUM's factor, AVG divides once at the end: both are sums here.
+ncclRedOp_t ncclOpOf(ReduceOp op) {
+  switch (ops::traitsOf(op).combine) {
+    case ops::Combine::kSum:
+      return ncclSum;
+    case ops::Combine::kProduct:
+      return ncclProd;
+    case ops::Combine::kMin:
+      return ncclMin;
+    case ops::Combine::kMax:
+      return ncclMax;
+  }
+  SMDDP_THROW(kInternal, "no NCCL operation for ", reduceOpName(op));
+}
+
+class RailsSchedule : public Schedule {
+ public:
+  explicit RailsSchedule(DeviceContext& ctx)
+      : ctx_(ctx), partials_(*ctx.memory, GrowingBuffer::Kind::kDevice) {}
+
+  void allGather(const OpArgs& args, cudaStream_t s) override {
+    const int N = ctx_.topo.numNodes();
+    const int L = ctx_.topo.localSize();
+    const int n = ctx_.topo.myNode();
+    const int me = ctx_.topo.myLocalRank();
+    const size_t b = args.count * args.elemSize();
+    auto* out = static_cast<uint8_t*>(args.out);
+    const auto* in = static_cast<const uint8_t*>(args.in);
+    openDeviceCall(ctx_, args);
+    copyAsync(out + static_cast<size_t>(ctx_.topo.rank()) * b, in, b, s);
+    // Rails: every member's block straight to its place in the output.
+    ctx_.rail->run("the rail AllGather (send/recv)", args.deadline, [&](ncclComm_t comm) {
+      ncclResult_t r = ncclGroupStart();
+      for (int m = 0; m < N && (r == ncclSuccess || r == ncclInProgress); ++m) {
+        if (m != n) {
+          r = ncclSend(in, b, ncclUint8, m, comm, s);
+          if (r == ncclSuccess || r == ncclInProgress) {
+            r = ncclRecv(out + static_cast<size_t>(ctx_.rail_ranks[static_cast<size_t>(m)]) * b, b, ncclUint8, m, comm, s);
+          }
+        }
+      }
+      const ncclResult_t end = ncclGroupEnd();
+      return r == ncclSuccess || r == ncclInProgress ? end : r;
+    });
+    // Node: my rail's N blocks to every local peer, through the stages.
+    const size_t cb = std::max<size_t>(1, ctx_.ipc->stagingBytes() / static_cast<size_t>(N));
+    const size_t chunks = std::max<size_t>(1, ceilDiv(b, cb));
+    for (size_t c = 0; c < chunks; ++c) {
+      const size_t off = c * cb;
+      const size_t len = std::min(cb, b - std::min(b, off));
+      exchange(
+          ctx_, args, s, c == 0,
+          [&] {
+            for (int m = 0; m < N; ++m) {
+              copyAsync(ctx_.ipc->staging(me) + static_cast<size_t>(m) * cb,
+                        out + static_cast<size_t>(ctx_.rail_ranks[static_cast<size_t>(m)]) * b + off, len, s);
+            }
+          },
+          [&] {
+            for (int k = 1; k < L; ++k) {
+              const int l = (me + k) % L;
+              for (int m = 0; m < N; ++m) {
+                const size_t g = static_cast<size_t>(ctx_.topo.nodeRanks(m)[static_cast<size_t>(l)]);
+                copyAsync(out + g * b + off, ctx_.ipc->staging(l) + static_cast<size_t>(m) * cb, len, s);
+              }
+            }
+          });
+    }
+  }
+
+  void reduceScatter(const OpArgs& args, cudaStream_t s) override {
+    const int N = ctx_.topo.numNodes();
+    const int L = ctx_.topo.localSize();
+    const int world = ctx_.topo.size();
+    const size_t es = args.elemSize();
+    const size_t b = args.count * es;
+    const auto* in = static_cast<const uint8_t*>(args.in);
+    uint8_t* partials = partials_.reserve(static_cast<size_t>(N) * b, s);
+    std::vector<const void*> srcs(static_cast<size_t>(L));
+    openDeviceCall(ctx_, args);
+    // Node: the partial of every rail member's block, reduced over the node.
+    const size_t ce = std::max<size_t>(1, ctx_.ipc->stagingBytes() / (static_cast<size_t>(world) * es));
+    const size_t chunks = std::max<size_t>(1, ceilDiv(args.count, ce));
+    for (size_t c = 0; c < chunks; ++c) {
+      const size_t off = c * ce;
+      const size_t len = std::min(ce, args.count - std::min(args.count, off));
+      exchange(
+          ctx_, args, s, c == 0,
+          [&] {
+            copyRows(ctx_, ctx_.ipc->staging(ctx_.topo.myLocalRank()), ce * es, in + off * es, b, len * es,
+                     static_cast<size_t>(world), s);
+          },
+          [&] {
+            for (int m = 0; m < N; ++m) {
+              const size_t g = static_cast<size_t>(ctx_.rail_ranks[static_cast<size_t>(m)]);
+              for (int l = 0; l < L; ++l) {
+                srcs[static_cast<size_t>(l)] = ctx_.ipc->staging(l) + g * ce * es;
+              }
+              launchReduce(args.reduce, partials + static_cast<size_t>(m) * b + off * es, srcs.data(), L, len, true,
+                           false, ctx_.config.cuda_reduce_blocks, s);
+            }
+          });
+    }
+    // Rail: reduce-scatter of the partials (member m's block is m's output).
+    const ncclDataType_t type = ncclTypeOf(args.dtype());
+    const ncclRedOp_t op = ncclOpOf(args.reduce.op);
+    ctx_.rail->run("the rail ReduceScatter", args.deadline, [&](ncclComm_t comm) {
+      return ncclReduceScatter(partials, args.out, args.count, type, op, comm, s);
+    });
+    launchFinalize(args.reduce, args.out, args.count, false, ctx_.config.cuda_reduce_blocks, s);
+  }
+
+  void allReduce(const OpArgs& args, cudaStream_t s) override {
+    const int L = ctx_.topo.localSize();
+    const int me = ctx_.topo.myLocalRank();
+    const size_t es = args.elemSize();
+    const size_t half = ctx_.ipc->stagingBytes() / 2 / 16 * 16;
+    const size_t ce = std::max<size_t>(1, half / es);
+    const auto* in = static_cast<const uint8_t*>(args.in);
+    auto* out = static_cast<uint8_t*>(args.out);
+    std::vector<const void*> srcs(static_cast<size_t>(L));
+    const ncclDataType_t type = ncclTypeOf(args.dtype());
+    const ncclRedOp_t op = ncclOpOf(args.reduce.op);
+    openDeviceCall(ctx_, args);
+    const size_t chunks = std::max<size_t>(1, ceilDiv(args.count, ce));
+    for (size_t c = 0; c < chunks; ++c) {
+      const size_t off = c * ce;
+      const size_t n = std::min(ce, args.count - std::min(args.count, off));
+      const Slices slices{n, static_cast<size_t>(L)};
+      const size_t b0 = slices.begin(static_cast<size_t>(me));
+      const size_t sz = slices.size(static_cast<size_t>(me));
+      uint8_t* result = ctx_.ipc->staging(me) + half + b0 * es;
+      exchange(
+          ctx_, args, s, c == 0, [&] { copyAsync(ctx_.ipc->staging(me), in + off * es, n * es, s); },
+          [&] {
+            for (int l = 0; l < L; ++l) {
+              srcs[static_cast<size_t>(l)] = ctx_.ipc->staging(l) + b0 * es;
+            }
+            launchReduce(args.reduce, result, srcs.data(), L, sz, true, false, ctx_.config.cuda_reduce_blocks, s);
+            // Rail: my slice over the nodes, then AVG's division.
+            ctx_.rail->run("the rail AllReduce", args.deadline, [&](ncclComm_t comm) {
+              return ncclAllReduce(result, result, sz, type, op, comm, s);
+            });
+            launchFinalize(args.reduce, result, sz, false, ctx_.config.cuda_reduce_blocks, s);
+          });
+      exchange(
+          ctx_, args, s, false, [] {},
+          [&] {
+            for (int l = 0; l < L; ++l) {
+              const size_t bl = slices.begin(static_cast<size_t>(l));
+              copyAsync(out + (off + bl) * es, ctx_.ipc->staging(l) + half + bl * es,
+                        slices.size(static_cast<size_t>(l)) * es, s);
+            }
+          });
+    }
+  }
+
+  void broadcast(const OpArgs& args, cudaStream_t s) override {
+    const int root_node = ctx_.topo.nodeOf(args.root);
+    const int root_local = ctx_.topo.localRankOf(args.root);
+    const size_t b = args.count * args.elemSize();
+    auto* out = static_cast<uint8_t*>(args.out);
+    if (ctx_.topo.rank() == args.root) {
+      copyAsync(out, args.in, b, s);
+    }
+    if (ctx_.topo.myLocalRank() == root_local) {
+      ctx_.rail->run("the rail Broadcast", args.deadline, [&](ncclComm_t comm) {
+        return ncclBroadcast(out, out, b, ncclUint8, root_node, comm, s);
+      });
+    }
+    OpArgs a = args;
+    a.in = out;
+    a.root = root_local;
+    nodeBroadcast(ctx_, a, s);
+  }
+
+ private:
+  DeviceContext& ctx_;
+  GrowingBuffer partials_;
+};
+
+} // namespace
+
+std::unique_ptr<Schedule> makeRailsSchedule(DeviceContext& ctx) {
+  return std::make_unique<RailsSchedule>(ctx);
+}
+
+} // namespace smddp::algorithm::cuda

@@ -1,0 +1,86 @@
+// The CUDA communicator's schedules, one per mode (algorithm/device_setup.h),
+// chosen once when the communicator is created. Private to
+// algorithm/cuda/; cuda_communicator.h describes what each one does.
+#pragma once
+
+#include <cuda_runtime.h>
+
+#include <functional>
+#include <memory>
+#include <vector>
+
+#include "algorithm/communicator.h"
+#include "algorithm/cuda/device_memory.h"
+#include "algorithm/node_collectives.h"
+#include "algorithm/op.h"
+#include "common/config.h"
+#include "topology/topology.h"
+#include "transport/cuda/ipc_arena.h"
+#include "transport/cuda/nccl_rail.h"
+
+namespace smddp::algorithm::cuda {
+
+// What every schedule works with; owned by the communicator.
+struct DeviceContext {
+  explicit DeviceContext(const topology::Topology& t) : topo(t) {}
+  topology::Topology topo;
+  Config config;
+  int device = 0;
+  // The largest pitch of a 2D copy on this device.
+  size_t max_pitch = 0;
+  transport::CudaIpcArena* ipc = nullptr;
+  NodeCollectives* node = nullptr;
+  transport::NcclRail* rail = nullptr;
+  std::vector<int> rail_ranks;
+  Communicator* host = nullptr;
+  DeviceMemory* memory = nullptr;
+};
+
+class Schedule {
+ public:
+  virtual ~Schedule() = default;
+  virtual void allGather(const OpArgs& args, cudaStream_t s) = 0;
+  virtual void reduceScatter(const OpArgs& args, cudaStream_t s) = 0;
+  virtual void allReduce(const OpArgs& args, cudaStream_t s) = 0;
+  virtual void broadcast(const OpArgs& args, cudaStream_t s) = 0;
+};
+
+std::unique_ptr<Schedule> makeNodeSchedule(DeviceContext& ctx);
+std::unique_ptr<Schedule> makeRailsSchedule(DeviceContext& ctx);
+std::unique_ptr<Schedule> makeStagedSchedule(DeviceContext& ctx);
+
+// ---- stages shared by the schedules (stages.cc)
+
+void copyAsync(void* dst, const void* src, size_t bytes, cudaStream_t s);
+
+// `rows` rows of `width` bytes from src (rows `spitch` apart) to dst (rows
+// `dpitch` apart): one 2D copy, or a copy per row where a pitch exceeds
+// what the device's 2D copies take (a flat gradient of several GiB).
+void copyRows(
+    const DeviceContext& ctx,
+    void* dst,
+    size_t dpitch,
+    const void* src,
+    size_t spitch,
+    size_t width,
+    size_t rows,
+    cudaStream_t s);
+
+// Starts a call: its descriptor for the node's peers.
+void openDeviceCall(DeviceContext& ctx, const OpArgs& args);
+
+// One round trip through the staging buffers: wait until the peers have
+// read this rank's stage, fill it, announce it, wait for the peers' stages,
+// consume them, announce that.
+void exchange(
+    DeviceContext& ctx,
+    const OpArgs& args,
+    cudaStream_t s,
+    bool first,
+    const std::function<void()>& fill,
+    const std::function<void()>& consume);
+
+// Broadcast from local rank args.root through the staging buffers.
+void nodeBroadcast(DeviceContext& ctx, const OpArgs& args, cudaStream_t s);
+
+} // namespace smddp::algorithm::cuda

@@ -1,0 +1,112 @@
+#include <algorithm>
+
+#include "algorithm/cuda/schedules.h"
+#include "common/error.h"
+
+namespace smddp::algorithm::cuda {
+
+using transport::cudaCheck;
+
+namespace {
+
+// The node descriptor's path of device calls: host ranks and device ranks of
+// one node never meet in one call, but a peer that took another path is a
+// mismatch, reported as such.
+constexpr uint8_t kDevicePath = 2;
+
+} // namespace
+
+void copyAsync(void* dst, const void* src, size_t bytes, cudaStream_t s) {
+  if (bytes > 0 && dst != src) {
+    cudaCheck(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToDevice, s), "cudaMemcpyAsync");
+  }
+}
+
+void copyRows(
+    const DeviceContext& ctx,
+    void* dst,
+    size_t dpitch,
+    const void* src,
+    size_t spitch,
+    size_t width,
+    size_t rows,
+    cudaStream_t s) {
+  if (width == 0 || rows == 0) {
+    return;
+  }
+  if (dpitch <= ctx.max_pitch && spitch <= ctx.max_pitch) {
+    cudaCheck(cudaMemcpy2DAsync(dst, dpitch, src, spitch, width, rows, cudaMemcpyDeviceToDevice, s),
+              "cudaMemcpy2DAsync");
+    return;
+  }
+  auto* d = static_cast<uint8_t*>(dst);
+  const auto* p = static_cast<const uint8_t*>(src);
+  for (size_t r = 0; r < rows; ++r) {
+    copyAsync(d + r * dpitch, p + r * spitch, width, s);
+  }
+}
+
+void openDeviceCall(DeviceContext& ctx, const OpArgs& args) {
+  ctx.node->openCall(args, static_cast<NodeCollectives::Path>(kDevicePath));
+}
+
+void exchange(
+    DeviceContext& ctx,
+    const OpArgs& args,
+    cudaStream_t s,
+    bool first,
+    const std::function<void()>& fill,
+    const std::function<void()>& consume) {
+  const int L = ctx.topo.localSize();
+  const int me = ctx.topo.myLocalRank();
+  // The peers' "done" of the previous exchange: they have read this stage.
+  for (int l = 0; l < L; ++l) {
+    if (l != me) {
+      cudaCheck(cudaStreamWaitEvent(s, ctx.ipc->done(l), 0), "cudaStreamWaitEvent");
+    }
+  }
+  fill();
+  cudaCheck(cudaEventRecord(ctx.ipc->ready(me), s), "cudaEventRecord");
+  ctx.node->round(args.deadline);
+  if (first) {
+    ctx.node->verifyDescs(args);
+  }
+  for (int l = 0; l < L; ++l) {
+    if (l != me) {
+      cudaCheck(cudaStreamWaitEvent(s, ctx.ipc->ready(l), 0), "cudaStreamWaitEvent");
+    }
+  }
+  consume();
+  cudaCheck(cudaEventRecord(ctx.ipc->done(me), s), "cudaEventRecord");
+  ctx.node->round(args.deadline);
+}
+
+void nodeBroadcast(DeviceContext& ctx, const OpArgs& args, cudaStream_t s) {
+  const int me = ctx.topo.myLocalRank();
+  const size_t b = args.count * args.elemSize();
+  const size_t S = ctx.ipc->stagingBytes();
+  const auto* in = static_cast<const uint8_t*>(args.in);
+  auto* out = static_cast<uint8_t*>(args.out);
+  openDeviceCall(ctx, args);
+  const size_t chunks = std::max<size_t>(1, ceilDiv(b, S));
+  for (size_t c = 0; c < chunks; ++c) {
+    const size_t off = c * S;
+    const size_t n = std::min(S, b - std::min(b, off));
+    exchange(
+        ctx, args, s, c == 0,
+        [&] {
+          if (me == args.root) {
+            copyAsync(ctx.ipc->staging(me), in + off, n, s);
+          }
+        },
+        [&] {
+          if (me == args.root) {
+            copyAsync(out + off, in + off, n, s);
+          } else {
+            copyAsync(out + off, ctx.ipc->staging(args.root), n, s);
+          }
+        });
+  }
+}
+
+} // namespace smddp::algorithm::cuda
