@@ -3,6 +3,8 @@
 #   make bench   the side-by-side benchmark (smddp against gloo here, nccl on GPUs)
 #   make test    native tests (ctest) and the Python tests (pytest)
 #   make peers   smddp against MPI and DeepSpeed on this host (bench/peers.py)
+#   make compat  a fresh copy of the tracked files built against torch 2.11
+#                (the oldest torch smddp supports) and a short test subset
 #
 # Both create the virtual environment (.venv) and build smddp into it first.
 
@@ -16,7 +18,7 @@ NATIVE_DIR  ?= native-build
 PYTEST_ARGS ?=
 BENCH_ARGS  ?=
 
-.PHONY: all venv build test pytest native-test asan tsan bench peers clean
+.PHONY: all venv build test pytest native-test asan tsan bench peers compat clean
 
 all: build
 
@@ -66,5 +68,19 @@ PEERS_ARGS ?=
 peers: build
 	$(PY) bench/peers.py $(PEERS_ARGS)
 
+# The oldest supported torch, in a copy of the tracked files with a venv of its
+# own (this checkout's build and venv are untouched). One GPU architecture:
+# the point is that every source, the CUDA ones included, compiles there.
+COMPAT_TORCH ?= 2.11.0
+COMPAT_DIR   ?= build-compat
+COMPAT_TESTS ?= tests/test_smoke.py tests/test_cuda_module.py tests/test_layouts.py \
+                tests/test_reliability.py::test_a_group_created_again_on_one_store_reads_only_its_own_keys
+compat:
+	rm -rf $(COMPAT_DIR) && mkdir -p $(COMPAT_DIR)
+	git ls-files -z | xargs -0 cp --parents -t $(COMPAT_DIR)
+	cd $(COMPAT_DIR) && SMDDP_CUDA_ARCHS=90 $(MAKE) build TORCH=$(COMPAT_TORCH) PYTHON=$(PYTHON)
+	cd $(COMPAT_DIR) && .venv/bin/python -c "import torch; assert torch.__version__.startswith('$(COMPAT_TORCH)'), torch.__version__"
+	cd $(COMPAT_DIR) && .venv/bin/python -m pytest -q $(COMPAT_TESTS)
+
 clean:
-	rm -rf build $(NATIVE_DIR) $(NATIVE_DIR)-asan $(NATIVE_DIR)-tsan smddp/*.so *.egg-info
+	rm -rf build $(NATIVE_DIR) $(NATIVE_DIR)-asan $(NATIVE_DIR)-tsan $(COMPAT_DIR) smddp/*.so *.egg-info
