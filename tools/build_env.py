@@ -4,11 +4,16 @@ Nothing here is a hard-coded path: the toolkit folder comes from the real
 nvcc (the one on PATH may be a wrapper script), and the headers and libraries
 torch's CUDA build needs but the toolkit may lack (cusparse.h, nccl.h,
 libnccl.so.2) come from the NVIDIA Python packages torch was installed with.
+
+Build knobs: SMDDP_WITH_CUDA (1, 0 or auto), SMDDP_CUDA_ARCHS (compute
+capabilities, default 80,90), SMDDP_NVCC_FLAGS (more nvcc flags, e.g.
+-lineinfo).
 """
 
 import glob
 import os
 import re
+import shlex
 import shutil
 import subprocess
 import sys
@@ -114,7 +119,9 @@ def cuda_build_settings():
         "library_dirs": [nccl_dir],
         # NCCL's wheel has no unversioned symlink.
         "link_args": [f"-l:{os.path.basename(nccl)}", f"-Wl,-rpath,{nccl_dir}"],
-        "nvcc_arch_flags": arch_flags(),
+        # The arch flags and SMDDP_NVCC_FLAGS: setup.py passes this list to
+        # nvcc after its own flags.
+        "nvcc_arch_flags": arch_flags() + extra_nvcc_flags(),
     }
 
 
@@ -127,6 +134,18 @@ def arch_flags():
         sys.exit(f"SMDDP_CUDA_ARCHS={text!r} is not valid; use compute capabilities like 80,90")
     flags = [f"-gencode=arch=compute_{a},code=sm_{a}" for a in archs]
     flags.append(f"-gencode=arch=compute_{archs[-1]},code=compute_{archs[-1]}")
+    return flags
+
+
+def extra_nvcc_flags():
+    """SMDDP_NVCC_FLAGS, split like a shell would (e.g. "-lineinfo" so that
+    compute-sanitizer and cuda-gdb report source lines): appended to nvcc's
+    flags, after the defaults, so that it can also override them."""
+    text = os.environ.get("SMDDP_NVCC_FLAGS", "")
+    try:
+        flags = shlex.split(text)
+    except ValueError as e:
+        sys.exit(f"SMDDP_NVCC_FLAGS={text!r} is not valid: {e}")
     return flags
 
 
