@@ -13,14 +13,30 @@ traceback. Every call is bounded in time: a rank that does not answer within
 ``timeout`` seconds gets the whole pool killed and the call fails with a
 TimeoutError naming the silent ranks, so a hang is a test failure, never a
 stuck CI job.
+
+Two environment variables adapt the bounds to the machine (the GPU check
+script uses them to fit every test into one short run):
+
+- ``SMDDP_TEST_TIMEOUT_SCALE`` (a positive float, default 1) multiplies every
+  bound the harness applies: rank start-up, each call, closing, and the
+  process group's own timeout, so that their order (the group's timeout
+  fires before the harness gives up) is kept.
+- ``SMDDP_TEST_STACK_DUMPS=1`` makes every rank register
+  ``faulthandler`` for SIGUSR1 (all threads, to the rank's stderr); before it
+  kills a pool whose ranks are silent, the harness sends them SIGUSR1 and
+  gives them a moment to print where they are stuck. Run pytest with ``-s``
+  to see those stacks as they are written (a rank's stderr is the one it
+  inherited when its pool started).
 """
 
 from __future__ import annotations
 
 import datetime
+import faulthandler
 import importlib
 import multiprocessing as mp
 import os
+import signal
 import sys
 import tempfile
 import time
@@ -30,12 +46,32 @@ from typing import Any, Callable
 _HERE = os.path.dirname(os.path.abspath(__file__))
 
 
+def _scaled(seconds: float) -> float:
+    """A harness bound times SMDDP_TEST_TIMEOUT_SCALE."""
+    text = os.environ.get("SMDDP_TEST_TIMEOUT_SCALE", "").strip()
+    if not text:
+        return seconds
+    try:
+        scale = float(text)
+    except ValueError:
+        scale = -1.0
+    if not scale > 0:
+        raise ValueError(f"SMDDP_TEST_TIMEOUT_SCALE={text!r} is not valid; use a positive number such as 0.5")
+    return seconds * scale
+
+
+def _stack_dumps() -> bool:
+    return os.environ.get("SMDDP_TEST_STACK_DUMPS", "").strip() == "1"
+
+
 class RankFailure(AssertionError):
     """A case raised in one or more ranks."""
 
 
 def _rank_main(rank, world, conn, env, init_file, backend, pg_timeout_s):  # pragma: no cover - child
     os.environ.update(env)
+    if _stack_dumps():
+        faulthandler.register(signal.SIGUSR1, all_threads=True)
     os.environ["RANK"] = str(rank)
     os.environ["WORLD_SIZE"] = str(world)
     try:
@@ -104,7 +140,7 @@ class RankPool:
             parent, child = self._ctx.Pipe()
             p = self._ctx.Process(
                 target=_rank_main,
-                args=(rank, world, child, child_env, self._init_file, backend, pg_timeout),
+                args=(rank, world, child, child_env, self._init_file, backend, _scaled(pg_timeout)),
                 daemon=True,
                 name=f"rank{rank}",
             )
@@ -116,6 +152,7 @@ class RankPool:
         self._collect("start-up", start_timeout)
 
     def _collect(self, what: str, timeout: float, may_die: frozenset[int] = frozenset()) -> list[Any]:
+        timeout = _scaled(timeout)
         deadline = time.monotonic() + timeout
         results: list[Any] = [None] * self.world
         pending = set(range(self.world))
@@ -138,6 +175,7 @@ class RankPool:
                     if rank not in may_die:
                         errors[rank] = f"rank {rank} died (exit code {self._procs[rank].exitcode})"
             if pending and time.monotonic() > deadline:
+                self._dump_stacks(pending)
                 self.kill()
                 raise TimeoutError(
                     f"{what}: ranks {sorted(pending)} of {self.world} did not finish within "
@@ -150,6 +188,25 @@ class RankPool:
                 + "".join(f"\n--- rank {r} ---\n{e}" for r, e in sorted(errors.items()))
             )
         return results
+
+    def _dump_stacks(self, ranks) -> None:
+        """Asks silent ranks to print their Python stacks (SMDDP_TEST_STACK_DUMPS)."""
+        if not _stack_dumps():
+            return
+        signalled = False
+        for rank in sorted(ranks):
+            p = self._procs[rank]
+            if p.is_alive() and p.pid is not None:
+                print(f"dist_harness: rank {rank} (pid {p.pid}) is silent; its stacks:", file=sys.stderr, flush=True)
+                try:
+                    os.kill(p.pid, signal.SIGUSR1)
+                    signalled = True
+                except OSError:
+                    pass
+        if signalled:
+            # faulthandler writes from its signal handler at once; a moment
+            # is enough for every rank to finish.
+            time.sleep(1.0)
 
     def run(
         self,
@@ -213,7 +270,7 @@ class RankPool:
         """Waits for the ranks (killing stragglers) and cleans up."""
         if not self.alive:
             return
-        deadline = time.monotonic() + timeout
+        deadline = time.monotonic() + _scaled(timeout)
         for p in self._procs:
             p.join(timeout=max(0.1, deadline - time.monotonic()))
         self.kill()

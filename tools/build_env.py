@@ -4,11 +4,16 @@ The toolkit folder comes from the real nvcc (the one on PATH may be a wrapper
 script). NCCL comes from NCCL_HOME, the toolkit, the system, or the NVIDIA
 Python packages torch was installed with (find_nccl); headers torch's CUDA
 build needs but the toolkit may lack (cusparse.h) from those packages.
+
+Build knobs: SMDDP_WITH_CUDA (1, 0 or auto), SMDDP_CUDA_ARCHS (compute
+capabilities, default 80,90), SMDDP_NVCC_FLAGS (more nvcc flags, e.g.
+-lineinfo), NCCL_HOME.
 """
 
 import glob
 import os
 import re
+import shlex
 import shutil
 import subprocess
 import sys
@@ -126,13 +131,6 @@ def find_nccl(cuda_home_dir):
     return None
 
 
-def nvcc_extra_flags():
-    """SMDDP_NVCC_FLAGS, split like a shell would (e.g. "-lineinfo")."""
-    import shlex
-
-    return shlex.split(os.environ.get("SMDDP_NVCC_FLAGS", ""))
-
-
 def cuda_build_settings():
     home = cuda_home()
     toolkit_include = os.path.join(home, "include")
@@ -161,7 +159,7 @@ def cuda_build_settings():
         # The wheel's library has no unversioned symlink: link the file.
         "link_args": [f"-l:{os.path.basename(nccl_lib)}", f"-Wl,-rpath,{nccl_dir}"],
         "nvcc_arch_flags": arch_flags(),
-        "nvcc_extra_flags": nvcc_extra_flags(),
+        "nvcc_extra_flags": extra_nvcc_flags(),
     }
 
 
@@ -174,6 +172,18 @@ def arch_flags():
         sys.exit(f"SMDDP_CUDA_ARCHS={text!r} is not valid; use compute capabilities like 80,90")
     flags = [f"-gencode=arch=compute_{a},code=sm_{a}" for a in archs]
     flags.append(f"-gencode=arch=compute_{archs[-1]},code=compute_{archs[-1]}")
+    return flags
+
+
+def extra_nvcc_flags():
+    """SMDDP_NVCC_FLAGS, split like a shell would (e.g. "-lineinfo" so that
+    compute-sanitizer and cuda-gdb report source lines): appended to nvcc's
+    flags, after the defaults, so that it can also override them."""
+    text = os.environ.get("SMDDP_NVCC_FLAGS", "")
+    try:
+        flags = shlex.split(text)
+    except ValueError as e:
+        sys.exit(f"SMDDP_NVCC_FLAGS={text!r} is not valid: {e}")
     return flags
 
 
