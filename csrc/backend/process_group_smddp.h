@@ -152,6 +152,10 @@ class ProcessGroupSMDDP : public ::c10d::Backend {
   const Config& config() const {
     return config_;
   }
+  // The NIC this rank's inter-node connections use (SMDDP_SOCKET_IFNAME).
+  const transport::Nic& nic() const {
+    return nic_;
+  }
 
  private:
   // Where a call runs: natively on host memory, natively on the GPU, or on
@@ -274,6 +278,7 @@ class ProcessGroupSMDDP : public ::c10d::Backend {
   Config config_;
   Ptr<::c10d::Backend::Options> options_;
   std::unique_ptr<topology::Topology> topology_;
+  transport::Nic nic_;
   std::unique_ptr<algorithm::Communicator> communicator_;
   std::unique_ptr<CudaPath> cuda_;
   std::shared_ptr<Executor> executor_;
