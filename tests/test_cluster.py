@@ -15,6 +15,7 @@ each rank wrote. Cases:
 - a NIC taken down during a loop of AllReduce, and a host whose processes
   are all killed: every rank (every survivor) raises DistBackendError within
   the group's timeout plus 5 s, naming the peer and the NIC;
+- FSDP2 and HSDP (examples/train_fsdp.py) train with gloo's losses (slow);
 - after ``down``: no namespace, bridge, veth, mount or /dev/shm of the
   cluster is left.
 
@@ -348,6 +349,30 @@ def test_dead_host_fails_every_survivor(cluster, tmp_path) -> None:
         assert re.search(r"rank [23] \(other node, 198\.18\.\d\.2:\d+\)", g["message"]), (
             f"rank {r} does not name the dead host's rank: {g['message'][:1500]}"
         )
+
+
+TRAIN = os.path.join(ROOT, "examples", "train_fsdp.py")
+TRAIN_FLAGS = ["--steps", "4", "--layers", "2", "--width", "64", "--seq-len", "32", "--batch", "4"]
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(300, func_only=True)
+@pytest.mark.parametrize("strategy", ["hsdp", "fsdp2"])
+def test_fsdp2_trains_as_with_gloo(cluster, strategy: str) -> None:
+    """examples/train_fsdp.py on 2 hosts x 2 ranks (hsdp: shard inside a
+    host, replicate across): the same losses as gloo's, step by step."""
+    backends = ("smddp", "gloo")
+    runs = {
+        b: cluster.start([TRAIN, "--backend", b, "--strategy", strategy, *TRAIN_FLAGS], hosts=2, env=_env(),
+                         master_port=29500 + i)
+        for i, b in enumerate(backends)
+    }
+    losses = {}
+    for b, run in runs.items():
+        res = run.wait(timeout=240)
+        losses[b] = re.findall(r"step +\d+ \| loss ([0-9.]+)", res.text(0))
+        assert res.returncode == 0 and len(losses[b]) == 4, f"{b}: exit status {res.host_codes}\n{res.text()[-4000:]}"
+    assert losses["smddp"] == losses["gloo"], losses
 
 
 @pytest.mark.timeout(60, func_only=True)
