@@ -139,7 +139,7 @@ setup(
     extras_require={"bench": ["numpy", "tqdm", "matplotlib"]},
     entry_points={
         "torch.distributed.backends": ["smddp = smddp:register"],
-        "console_scripts": ["smddp-bench = smddp.bench.cli:main"],
+        "console_scripts": ["smddp-bench = smddp.bench.cli:main", "smddp-cluster = smddp.cluster.cli:main"],
     },
     zip_safe=False,
 )

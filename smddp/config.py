@@ -72,8 +72,10 @@ KNOBS: tuple[Knob, ...] = (
     Knob("SMDDP_HUGE_PAGES_MIN_BYTES", False, "bytes", "4M", "2M..1T",
          "Smallest 2 MiB-aligned part of a buffer that SMDDP_HUGE_PAGES acts on."),
     Knob("SMDDP_SOCKET_IFNAME", False, "string", "", "",
-         "Network interface (name) or address of the inter-node sockets; empty: the address "
-         "this host uses to reach the store."),
+         "Network interfaces (names) or addresses of the inter-node sockets, "
+         "comma-separated: local rank l of a host's L ranks (LOCAL_RANK from the launcher) "
+         "uses entry l*K/L of the K listed and binds every connection to it, so that each "
+         "rail has its own NIC; empty: the address this host uses to reach the store."),
     Knob("SMDDP_SOCKET_STREAMS", True, "int", "2", "1..16",
          "TCP connections per peer pair; large transfers are striped over them."),
     Knob("SMDDP_SOCKET_RCVBUF_BYTES", False, "autobytes", "auto", "0..1G",

@@ -563,6 +563,10 @@ _BAD_VALUES = [
     ("SMDDP_RANKS_PER_NODE", "-1"),
     ("SMDDP_FALLBACK", "mpi"),
     ("SMDDP_SHM_SLOT_BYTES", "2G"),
+    # Not an interface of this host (checked when the group is made), and
+    # not even a list of names.
+    ("SMDDP_SOCKET_IFNAME", "nosuchnic0"),
+    ("SMDDP_SOCKET_IFNAME", "lo,,lo"),
 ]
 
 _BAD_VALUE_SCRIPT = r"""
@@ -604,6 +608,26 @@ def test_bad_setting_is_a_value_error() -> None:
     for var, value, err, msg in json.loads(lines[-1][len("RESULT ") :]):
         assert err == "ValueError", f"{var}={value}: init_process_group gave {err}: {msg[:300]}"
         assert var in msg, f"{var}={value}: the error does not name the variable: {msg[:300]}"
+
+
+@pytest.mark.timeout(60, func_only=True)
+def test_unknown_interface_names_the_hosts_interfaces() -> None:
+    """SMDDP_SOCKET_IFNAME naming no NIC of the host: the error lists the host's."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith("SMDDP_")}
+    proc = subprocess.run(
+        [sys.executable, "-c", _BAD_VALUE_SCRIPT, json.dumps([("SMDDP_SOCKET_IFNAME", "lo,nosuchnic0")])],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=50,
+        cwd=ROOT,
+    )
+    lines = [line for line in proc.stdout.splitlines() if line.startswith("RESULT ")]
+    assert proc.returncode == 0 and lines, f"exit {proc.returncode}\n{proc.stdout[-2000:]}\n{proc.stderr[-3000:]}"
+    [(_, _, err, msg)] = json.loads(lines[-1][len("RESULT ") :])
+    assert err == "ValueError", f"{err}: {msg[:300]}"
+    for word in ("SMDDP_SOCKET_IFNAME='lo,nosuchnic0'", "'nosuchnic0'", "This host has: ", "lo 127.0.0.1"):
+        assert word in msg, f"{word!r} is not in: {msg[:600]}"
 
 
 @pytest.mark.timeout(30, func_only=True)

@@ -23,7 +23,7 @@ transport::WaitPolicy waitPolicyOf(const Config& config) {
 
 transport::SocketMesh::Options socketOptions(const Config& config, const NetOptions& net) {
   transport::SocketMesh::Options so;
-  so.interface = config.socket_ifname;
+  so.nic = net.nic.empty() ? transport::chooseNic(config.socket_ifname, 0, 1, net.store_host) : net.nic;
   so.peer_hint = net.store_host;
   so.streams = config.socket_streams;
   so.timeout = net.timeout;

@@ -28,10 +28,13 @@
 
 namespace smddp::algorithm {
 
-// Where the inter-node sockets listen: SMDDP_SOCKET_IFNAME, else the
+// Where the inter-node sockets listen and connect from: this rank's NIC
+// (transport::chooseNic() over SMDDP_SOCKET_IFNAME, chosen by the caller from
+// the rank's place on its host); empty: the list's first entry, or the
 // address that routes to the store's host.
 struct NetOptions {
   std::string store_host;
+  transport::Nic nic;
   std::chrono::milliseconds timeout{30000};  // bounds the set-up
 };
 

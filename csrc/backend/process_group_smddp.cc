@@ -227,6 +227,23 @@ ProcessGroupSMDDP::ProcessGroupSMDDP(
     topology_ = std::make_unique<topology::Topology>(rank, node_keys);
     algorithm::NetOptions net;
     net.store_host = storeHost(store);
+    // A rank's NIC is its process's (its GPU's), not a group's: the place
+    // the launcher gave it on the host picks it, so that a sub-group's ranks
+    // keep their rails' NICs.
+    int place = topology_->myLocalRank();
+    int place_count = topology_->localSize();
+    const char* local_rank = std::getenv("LOCAL_RANK");
+    const char* local_world = std::getenv("LOCAL_WORLD_SIZE");
+    if (local_rank != nullptr && local_world != nullptr && std::atoi(local_world) > 0) {
+      place = std::atoi(local_rank);
+      place_count = std::atoi(local_world);
+    }
+    try {
+      nic_ = transport::chooseNic(config_.socket_ifname, place, place_count, net.store_host);
+    } catch (const Error& e) {
+      TORCH_CHECK_VALUE(false, "ProcessGroupSMDDP (rank ", rank, "): ", e.what());
+    }
+    net.nic = nic_;
     communicator_ = algorithm::createCommunicator(st, *topology_, config_, net, timeout);
   } catch (const Error& e) {
     TORCH_CHECK_WITH(DistBackendError, false, failed_here, "set-up failed: ", e.what());

@@ -162,6 +162,10 @@ class ProcessGroupSMDDP : public ::c10d::Backend {
   const Config& config() const {
     return config_;
   }
+  // The NIC this rank's inter-node connections use (SMDDP_SOCKET_IFNAME).
+  const transport::Nic& nic() const {
+    return nic_;
+  }
 
  private:
   // Where a call runs: natively on host memory, natively on the GPU, or on
@@ -298,6 +302,7 @@ class ProcessGroupSMDDP : public ::c10d::Backend {
   Config config_;
   Ptr<::c10d::Backend::Options> options_;
   std::unique_ptr<topology::Topology> topology_;
+  transport::Nic nic_;
   std::unique_ptr<algorithm::Communicator> communicator_;
   // The group's store with its keys under this group's generation.
   Ptr<::c10d::Store> store_;

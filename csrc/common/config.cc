@@ -1,5 +1,9 @@
 #include "common/config.h"
 
+#include <arpa/inet.h>
+#include <netinet/in.h>
+
+#include <algorithm>
 #include <cctype>
 #include <cerrno>
 #include <cstdlib>
@@ -234,6 +238,41 @@ size_t parseBytes(const std::string& name, const std::string& value) {
   return static_cast<size_t>(x * mult);
 }
 
+namespace {
+
+// SMDDP_SOCKET_IFNAME's entries, trimmed and checked for form (whether the
+// host has them is checked where the sockets are made).
+std::string interfaceList(const std::string& value) {
+  if (value.empty()) {
+    return value;
+  }
+  std::string out;
+  size_t start = 0;
+  while (true) {
+    const size_t comma = value.find(',', start);
+    const std::string e =
+        trim(value.substr(start, comma == std::string::npos ? std::string::npos : comma - start));
+    unsigned char probe[sizeof(struct in6_addr)];
+    const bool address = ::inet_pton(AF_INET, e.c_str(), probe) == 1 || ::inet_pton(AF_INET6, e.c_str(), probe) == 1;
+    // An interface name: at most IFNAMSIZ - 1 characters, none of them
+    // blank or a slash.
+    const bool name = !e.empty() && e.size() < 16 &&
+        std::none_of(e.begin(), e.end(), [](char ch) { return ch == '/' || std::isspace(static_cast<unsigned char>(ch)); });
+    if (!address && !name) {
+      SMDDP_THROW(
+          kConfig, "SMDDP_SOCKET_IFNAME='", value, "': ", e.empty() ? std::string("an entry is empty") : str("'", e, "' is neither an interface name nor an address"),
+          "; list interface names or addresses separated by commas, e.g. eth0,eth1");
+    }
+    out += (out.empty() ? "" : ",") + e;
+    if (comma == std::string::npos) {
+      return out;
+    }
+    start = comma + 1;
+  }
+}
+
+} // namespace
+
 Config Config::fromEnv(const std::function<const char*(const char*)>& getenv) {
   auto get = [&](const char* name, const char* def) -> std::string {
     const char* v = getenv ? getenv(name) : std::getenv(name);
@@ -244,6 +283,7 @@ Config Config::fromEnv(const std::function<const char*(const char*)>& getenv) {
   parse_##kind(&c.field, env, get(env, def), domain);
   SMDDP_CONFIG_KNOBS(SMDDP_PARSE_KNOB)
 #undef SMDDP_PARSE_KNOB
+  c.socket_ifname = interfaceList(c.socket_ifname);
   if (c.shm_slot_bytes % 64 != 0) {
     SMDDP_THROW(
         kConfig,

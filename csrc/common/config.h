@@ -84,8 +84,11 @@ constexpr size_t kAutoBytes = static_cast<size_t>(-1);
     "2M..1T",                                                                  \
     "Smallest 2 MiB-aligned part of a buffer that SMDDP_HUGE_PAGES acts on.")  \
   X(socket_ifname, "SMDDP_SOCKET_IFNAME", false, string, "", "",                      \
-    "Network interface (name) or address of the inter-node sockets; empty: "   \
-    "the address this host uses to reach the store.")                          \
+    "Network interfaces (names) or addresses of the inter-node sockets, "      \
+    "comma-separated: local rank l of a host's L ranks (LOCAL_RANK from the "  \
+    "launcher) uses entry l*K/L of the K listed and binds every connection "   \
+    "to it, so that each rail has its own NIC; empty: the address this host "  \
+    "uses to reach the store.")                                                \
   X(socket_streams, "SMDDP_SOCKET_STREAMS", true, int, "2", "1..16",                 \
     "TCP connections per peer pair; large transfers are striped over them.")   \
   X(socket_rcvbuf_bytes, "SMDDP_SOCKET_RCVBUF_BYTES", false, autobytes, "auto",      \

@@ -234,6 +234,12 @@ PYBIND11_MODULE(_C, m) {
           py::call_guard<py::gil_scoped_release>())
       .def("describe", &ProcessGroupSMDDP::describe)
       .def("topology", &topologyDict)
+      .def("nic", [](const ProcessGroupSMDDP& pg) {
+        py::dict d;
+        d["name"] = pg.nic().name;
+        d["address"] = pg.nic().host();
+        return d;
+      })
       .def("fallback", [](const ProcessGroupSMDDP& pg, const std::string& device) -> py::object {
         auto fb = pg.fallback(c10::Device(device).type());
         if (!fb) {

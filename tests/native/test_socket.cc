@@ -1,7 +1,9 @@
 // The socket transport: SipHash against its published vector, the frame
 // parser on malformed input, a mesh whose listener is probed by strangers
 // during set-up, messages both ways, and the errors a peer causes (wrong
-// size, abort, exit); every connection is kept alive.
+// size, abort, exit); every connection is kept alive. Each rank's NIC: the
+// spread of local ranks over SMDDP_SOCKET_IFNAME's entries, its errors, and
+// connections bound to the NIC's address (two NICs on loopback).
 #include <netinet/in.h>
 #include <netinet/tcp.h>
 #include <sys/socket.h>
@@ -11,6 +13,7 @@
 #include <random>
 #include <thread>
 
+#include "common/config.h"
 #include "harness.h"
 #include "transport/socket/frame.h"
 #include "transport/socket/siphash.h"
@@ -285,4 +288,105 @@ SMDDP_TEST(peer_errors_are_reported) {
       },
       std::chrono::seconds(30),
       [](int rank) { return rank == 1; });
+}
+
+// ------------------------------------------------------------ the NIC of each rank
+
+SMDDP_TEST(local_ranks_spread_over_the_listed_nics) {
+  // p4d: 8 ranks, 4 NICs: ranks 0-1 on the first, 2-3 on the second, ...
+  for (int l = 0; l < 8; ++l) {
+    EXPECT_EQ(nicIndex(l, 8, 4), static_cast<size_t>(l / 2));
+  }
+  EXPECT_EQ(nicIndex(0, 2, 2), size_t{0});
+  EXPECT_EQ(nicIndex(1, 2, 2), size_t{1});
+  EXPECT_EQ(nicIndex(1, 2, 4), size_t{2});  // fewer ranks than NICs
+  EXPECT_EQ(nicIndex(2, 3, 2), size_t{1});
+  EXPECT_EQ(nicIndex(1, 3, 2), size_t{0});
+  EXPECT_EQ(nicIndex(5, 6, 1), size_t{0});
+  EXPECT_EQ(nicIndex(9, 4, 2), size_t{1});  // a place past the host: the last
+}
+
+SMDDP_TEST(nic_choice_names_the_variable_and_the_hosts_interfaces) {
+  Nic a = chooseNic("127.0.0.2,127.0.0.3", 0, 2, "");
+  Nic b = chooseNic("127.0.0.2,127.0.0.3", 1, 2, "");
+  EXPECT_EQ(a.host(), std::string("127.0.0.2"));
+  EXPECT_EQ(b.host(), std::string("127.0.0.3"));
+  EXPECT_EQ(b.name, std::string("lo"));  // the interface whose subnet holds it
+  EXPECT_EQ(b.str(), std::string("lo (127.0.0.3)"));
+  Nic byname = chooseNic("lo", 1, 2, "");
+  EXPECT_EQ(byname.str(), std::string("lo (127.0.0.1)"));
+  // Empty: the route to the store's host.
+  EXPECT_EQ(chooseNic("", 0, 1, "127.0.0.1").name, std::string("lo"));
+  // Every entry is checked, also those of other local ranks.
+  EXPECT_THROWS(chooseNic("lo,nosuchnic0", 0, 2, ""), kConfig, "SMDDP_SOCKET_IFNAME='lo,nosuchnic0': 'nosuchnic0'");
+  EXPECT_THROWS(chooseNic("nosuchnic0", 0, 1, ""), kConfig, "This host has: ");
+  EXPECT_THROWS(chooseNic("nosuchnic0", 0, 1, ""), kConfig, "lo 127.0.0.1");
+  // An address this host does not own (TEST-NET-1) is no NIC of it.
+  EXPECT_THROWS(chooseNic("192.0.2.7", 0, 1, ""), kConfig, "no interface of this host has that address");
+  EXPECT_THROWS(chooseNic("lo,", 0, 1, ""), kConfig, "an entry is empty");
+  std::string why;
+  EXPECT_TRUE(interfaceRunning("lo", &why));
+  EXPECT_TRUE(!interfaceRunning("nosuchnic0", &why));
+  EXPECT_TRUE(why.find("nosuchnic0") != std::string::npos);
+}
+
+SMDDP_TEST(the_knob_takes_a_list_of_interfaces_or_addresses) {
+  auto with = [](const char* value) {
+    return Config::fromEnv([value](const char* name) -> const char* {
+      return std::string(name) == "SMDDP_SOCKET_IFNAME" ? value : nullptr;
+    });
+  };
+  EXPECT_EQ(with(" eth0 , 10.0.0.3,fe80::1 ").socket_ifname, std::string("eth0,10.0.0.3,fe80::1"));
+  EXPECT_EQ(with("").socket_ifname, std::string());
+  EXPECT_THROWS(with("eth0,,eth1"), kConfig, "SMDDP_SOCKET_IFNAME='eth0,,eth1': an entry is empty");
+  EXPECT_THROWS(with("eth 0"), kConfig, "'eth 0' is neither an interface name nor an address");
+  EXPECT_THROWS(with("averyveryverylongname"), kConfig, "SMDDP_SOCKET_IFNAME");
+}
+
+SMDDP_TEST(connections_leave_from_the_ranks_nic) {
+  // Two NICs on loopback: without the binding, a connection to 127.0.0.3
+  // would come from 127.0.0.1 (the loopback route's source address).
+  std::string dir = ::smddp::test::tempDir();
+  ::smddp::test::runRanks(
+      2,
+      [&](int rank) {
+        ::smddp::test::DirStore store(dir);
+        SocketMesh::Options o;
+        o.nic = chooseNic("127.0.0.2,127.0.0.3", rank, 2, "");
+        o.streams = 2;
+        o.timeout = std::chrono::seconds(20);
+        SocketMesh mesh(store, "mesh", rank, {1 - rank}, o);
+        EXPECT_EQ(mesh.nic().host(), std::string(rank == 0 ? "127.0.0.2" : "127.0.0.3"));
+        EXPECT_EQ(mesh.listenAddress().rfind(rank == 0 ? "127.0.0.2:" : "127.0.0.3:", 0), size_t{0});
+        const std::string peer = mesh.describePeer(1 - rank);
+        if (rank == 1) {
+          // Rank 1 may die: rank 0 checks what it saw.
+          store.set("seen", toBytes(peer));
+          ::_exit(0);  // gone without a word
+        }
+        // Rank 0 connected: rank 1 saw its connections come from 127.0.0.2.
+        const std::string seen = toString(store.get("seen"));
+        EXPECT_EQ(seen.rfind("rank 0 (other node, 127.0.0.2:", 0), size_t{0});
+        EXPECT_TRUE(seen.find(" from lo (127.0.0.3)") != std::string::npos);
+        EXPECT_EQ(peer.rfind("rank 1 (other node, 127.0.0.3:", 0), size_t{0});
+        EXPECT_TRUE(peer.find(" from lo (127.0.0.2)") != std::string::npos);
+        // A failure names the peer, its address and this rank's NIC.
+        SocketChannel& ch = mesh.channel(1);
+        std::vector<uint8_t> out(16);
+        ch.postRecv(out.data(), out.size(), gatherTag(1, 16));
+        EXPECT_THROWS(
+            drive({&ch}, nullptr, [&] { return ch.recvsDone() == 1; }, Deadline::after(std::chrono::seconds(20)),
+                  DriveOptions{}),
+            kPeerLost, "connection to rank 1 (other node, 127.0.0.3:");
+        EXPECT_EQ(mesh.describePeer(7), std::string("rank 7"));
+      },
+      std::chrono::seconds(30),
+      [](int rank) { return rank == 1; });
+}
+
+SMDDP_TEST(stall_time_follows_the_groups_timeout) {
+  using std::chrono::milliseconds;
+  EXPECT_EQ(SocketMesh::stallTimeout(milliseconds(20000)).count(), int64_t{10000});
+  EXPECT_EQ(SocketMesh::stallTimeout(milliseconds(500)).count(), int64_t{1000});
+  EXPECT_EQ(SocketMesh::stallTimeout(milliseconds(1800000)).count(), int64_t{1000} * (kKeepIdleS + kKeepIntervalS * kKeepCount));
 }

@@ -1,5 +1,7 @@
 #include "transport/socket/socket_mesh.h"
 
+#include <netinet/in.h>
+#include <netinet/tcp.h>
 #include <sys/random.h>
 #include <sys/uio.h>
 #include <unistd.h>
@@ -14,6 +16,7 @@
 #include <set>
 #include <thread>
 
+#include "common/clock.h"
 #include "common/error.h"
 #include "common/log.h"
 
@@ -21,12 +24,31 @@ namespace smddp::transport {
 
 // ------------------------------------------------------------ SocketChannel
 
-SocketChannel::SocketChannel(int my_rank, int peer, std::vector<Fd> streams, SipKey key)
-    : my_rank_(my_rank), peer_(peer), key_(key), streams_(streams.size()) {
+SocketChannel::SocketChannel(
+    int my_rank,
+    int peer,
+    std::vector<Fd> streams,
+    SipKey key,
+    Nic nic,
+    std::chrono::milliseconds stall)
+    : my_rank_(my_rank), peer_(peer), key_(key), nic_(std::move(nic)), stall_(stall), streams_(streams.size()) {
   for (size_t i = 0; i < streams.size(); ++i) {
     streams_[i].fd = std::move(streams[i]);
     setNonBlocking(streams_[i].fd.get(), true);
   }
+  if (!streams_.empty()) {
+    SockAddr a;
+    a.len = sizeof(a.storage);
+    if (::getpeername(streams_[0].fd.get(), reinterpret_cast<sockaddr*>(&a.storage), &a.len) == 0) {
+      peer_address_ = a.str();
+    }
+  }
+}
+
+std::string SocketChannel::describe() const {
+  return str(
+      "rank ", peer_, " (other node", peer_address_.empty() ? "" : ", ", peer_address_, ")",
+      nic_.empty() ? std::string() : str(" from ", nic_.str()));
 }
 
 SocketChannel::~SocketChannel() = default;
@@ -68,16 +90,63 @@ void SocketChannel::finish(std::deque<bool>* flags, uint64_t* base, uint64_t* do
 }
 
 void SocketChannel::lost(const std::string& what, int err) {
+  // A cut link shows as a timeout or an unreachable peer; a peer that
+  // exited, as a closed or reset connection.
+  const bool path = err == ETIMEDOUT || err == EHOSTUNREACH || err == ENETUNREACH || err == ENETDOWN;
+  std::string why;
+  const std::string nic_state = interfaceRunning(nic_.name, &why) ? std::string() : "; " + why;
   SMDDP_THROW(
       kPeerLost,
-      "connection to rank ",
-      peer_,
-      " (other node) lost while ",
+      "connection to ",
+      describe(),
+      " lost while ",
       what,
       err != 0 ? ": " + errnoString(err) : std::string(": closed by the peer"),
-      "; did rank ",
-      peer_,
-      " exit or fail?");
+      nic_state,
+      path ? str("; is the link between the two NICs cut, or rank ", peer_, "'s host gone?")
+           : str("; did rank ", peer_, " exit or fail?"));
+}
+
+void SocketChannel::checkPeer() {
+  if (sends_done_ == sends_posted_ && recvs_done_ == recvs_posted_) {
+    for (Stream& s : streams_) {
+      s.stall_since_ns = 0;
+    }
+    return;
+  }
+  // The driver calls this between sleeps; every few slices is enough.
+  constexpr uint64_t kEveryNs = 20 * 1000 * 1000;
+  const uint64_t now = nowNs();
+  if (now - last_check_ns_ < kEveryNs) {
+    return;
+  }
+  last_check_ns_ = now;
+  std::string why;
+  if (!interfaceRunning(nic_.name, &why)) {
+    SMDDP_THROW(
+        kPeerLost, "connection to ", describe(), " lost: ", why,
+        "; bring the interface up (`ip link`) or check its cable and switch port");
+  }
+  const uint64_t stall_ns = static_cast<uint64_t>(stall_.count()) * 1000000;
+  for (Stream& s : streams_) {
+    struct tcp_info ti{};
+    socklen_t len = sizeof(ti);
+    if (::getsockopt(s.fd.get(), IPPROTO_TCP, TCP_INFO, &ti, &len) != 0) {
+      continue;
+    }
+    if (ti.tcpi_unacked == 0 || ti.tcpi_retransmits == 0) {
+      s.stall_since_ns = 0;
+      continue;
+    }
+    if (s.stall_since_ns == 0) {
+      s.stall_since_ns = now;
+    } else if (now - s.stall_since_ns >= stall_ns) {
+      SMDDP_THROW(
+          kPeerLost, "connection to ", describe(), " lost: what this rank sent there went unacknowledged for ",
+          (now - s.stall_since_ns) / 1000000000, " s (", static_cast<int>(ti.tcpi_retransmits),
+          " retransmissions); is the link between the two NICs cut, or rank ", peer_, "'s host gone?");
+    }
+  }
 }
 
 bool SocketChannel::progressSends(Stream& s) {
@@ -356,18 +425,27 @@ Hello handshakeAccept(int fd, const SipKey& key, int me, int streams, const std:
 
 // ------------------------------------------------------------ SocketMesh
 
+std::chrono::milliseconds SocketMesh::stallTimeout(std::chrono::milliseconds timeout) {
+  const std::chrono::milliseconds longest{int64_t{1000} * (kKeepIdleS + kKeepIntervalS * kKeepCount)};
+  return std::clamp(timeout / 2, std::chrono::milliseconds(1000), longest);
+}
+
 SocketMesh::SocketMesh(
     Store& store,
     const std::string& key,
     int rank,
     const std::vector<int>& peers,
-    const Options& options) {
+    const Options& options)
+    : nic_(options.nic.empty() ? chooseNic("", 0, 1, options.peer_hint) : options.nic) {
   const Deadline deadline = Deadline::after(options.timeout);
   const int streams = std::max(1, options.streams);
-  SockAddr addr = chooseListenAddress(options.interface, options.peer_hint);
+  SockAddr addr = nic_.address;
   Fd listener = listenOn(&addr);
   listen_address_ = addr.str();
   store.set(str(key, "/addr/", rank), toBytes(listen_address_));
+  if (!peers.empty()) {
+    SMDDP_LOG(kInfo, "rank ", rank, ": ", key, " sockets on ", nic_.str(), ", listening on ", listen_address_);
+  }
 
   SipKey secret;
   if (rank == 0) {
@@ -440,9 +518,13 @@ SocketMesh::SocketMesh(
     for (int p : higher) {
       SockAddr peer_addr = SockAddr::parse(toString(store.get(str(key, "/addr/", p))));
       for (int s = 0; s < streams; ++s) {
-        Fd c = connectTo(peer_addr, deadline);
-        handshakeConnect(c.get(), secret, rank, p, s, streams, deadline);
-        connected[p].push_back(std::move(c));
+        try {
+          Fd c = connectTo(peer_addr, deadline, &nic_.address);
+          handshakeConnect(c.get(), secret, rank, p, s, streams, deadline);
+          connected[p].push_back(std::move(c));
+        } catch (const Error& e) {
+          throw Error(e.kind(), str("connecting to rank ", p, " at ", peer_addr.str(), " from ", nic_.str(), ": ", e.what()));
+        }
       }
     }
   } catch (...) {
@@ -466,12 +548,17 @@ SocketMesh::SocketMesh(
       }
     }
   }
-  for (auto& [p, fds] : accepted) {
-    channels_[p] = std::make_unique<SocketChannel>(rank, p, std::move(fds), secret);
+  const std::chrono::milliseconds stall = stallTimeout(options.timeout);
+  for (auto* side : {&accepted, &connected}) {
+    for (auto& [p, fds] : *side) {
+      channels_[p] = std::make_unique<SocketChannel>(rank, p, std::move(fds), secret, nic_, stall);
+    }
   }
-  for (auto& [p, fds] : connected) {
-    channels_[p] = std::make_unique<SocketChannel>(rank, p, std::move(fds), secret);
-  }
+}
+
+std::string SocketMesh::describePeer(int peer) const {
+  auto it = channels_.find(peer);
+  return it == channels_.end() ? str("rank ", peer) : it->second->describe();
 }
 
 SocketMesh::~SocketMesh() = default;

@@ -2,9 +2,11 @@
 //
 // Set-up (collective over the group; every rank names the peers it needs,
 // and the relation must be symmetric): group rank 0 puts a random 128-bit
-// secret in the store; every rank listens on an ephemeral port of the
-// address chosen by chooseListenAddress() and publishes it; for each pair
-// the lower rank connects `streams` times. Each connection proves, both
+// secret in the store; every rank listens on an ephemeral port of its NIC's
+// address (Options::nic, see chooseNic()) and publishes it; for each pair
+// the lower rank connects `streams` times, from its NIC's address. So each
+// direction of a pair leaves its host through the sender's NIC, and both
+// directions of a rail (ranks of one local rank) travel on the rail's NICs. Each connection proves, both
 // ways, that its ends know the secret (challenge-response with SipHash
 // MACs over fresh nonces) before anything else is read from it; a
 // connection that fails to (a stranger, junk, a wrong key) is dropped and
@@ -15,6 +17,14 @@
 // over the streams by message: message i of a direction uses stream
 // i % streams, so both ends agree without negotiation. Every header is
 // authenticated and bounds-checked before its length is believed.
+//
+// Failures name the peer, its address and this rank's NIC. A channel with
+// work outstanding also fails, between the driver's sleeps, when its NIC
+// goes down or loses its carrier, and when what it sent stays unacknowledged
+// through retransmissions for stallTimeout() (a peer's kernel acknowledges
+// even while its process is busy or stopped, so only a cut path or a
+// vanished host does that); its node peers then learn why from its abort
+// instead of timing out without a cause.
 //
 // Threading: a channel is driven by one thread at a time; shutdownAll() may
 // be called from any thread to make that thread fail promptly.
@@ -37,7 +47,14 @@ namespace smddp::transport {
 
 class SocketChannel : public Channel {
  public:
-  SocketChannel(int my_rank, int peer, std::vector<Fd> streams, SipKey key);
+  // `nic`: the local end's NIC; `stall`: see checkPeer().
+  SocketChannel(
+      int my_rank,
+      int peer,
+      std::vector<Fd> streams,
+      SipKey key,
+      Nic nic,
+      std::chrono::milliseconds stall);
   ~SocketChannel() override;
 
   int peer() const override {
@@ -57,7 +74,12 @@ class SocketChannel : public Channel {
   size_t receiveBufferBytes() const;
   void appendPollFds(std::vector<struct pollfd>* fds) const override;
   void sendAbort(const std::string& why) override;
+  // Throws kPeerLost when this channel has work outstanding and its NIC is
+  // down, or what it sent went unacknowledged for the stall time.
+  void checkPeer() override;
   void shutdown();
+  // "rank 2 (other node, 198.18.0.2:40113) from nic0 (198.18.0.1)".
+  std::string describe() const;
 
  private:
   struct SendOp {
@@ -85,6 +107,9 @@ class SocketChannel : public Channel {
     // The peer closed its end. Only an error if this rank still expects a
     // message on this stream (a peer that finished and exited is normal).
     bool eof = false;
+    // When checkPeer() first saw sent data wait for its acknowledgement
+    // through retransmissions (0: not now).
+    uint64_t stall_since_ns = 0;
   };
 
   bool progressSends(Stream& s);
@@ -95,6 +120,10 @@ class SocketChannel : public Channel {
   const int my_rank_;
   const int peer_;
   const SipKey key_;
+  const Nic nic_;
+  const std::chrono::milliseconds stall_;
+  std::string peer_address_;
+  uint64_t last_check_ns_ = 0;
   std::vector<Stream> streams_;
   uint64_t sends_posted_ = 0;
   uint64_t recvs_posted_ = 0;
@@ -111,13 +140,22 @@ class SocketChannel : public Channel {
 class SocketMesh {
  public:
   struct Options {
-    std::string interface;  // SMDDP_SOCKET_IFNAME
+    // This rank's NIC (chooseNic()); empty: chooseNic("", 0, 1, peer_hint).
+    Nic nic;
     std::string peer_hint;  // the store's host: where to route from
     int streams = 1;
     // SO_RCVBUF of every connection; 0 keeps the kernel's autotuning.
     size_t rcvbuf_bytes = 0;
+    // Bounds the set-up; the group's timeout, from which the channels'
+    // stall time follows (stallTimeout()).
     std::chrono::milliseconds timeout{30000};
   };
+
+  // How long sent data may stay unacknowledged through retransmissions
+  // before a channel gives its peer up: half the group's timeout (so that
+  // the cause, not a timeout, is what every rank reports), at least 1 s and
+  // at most the keepalive's limit on a silent peer.
+  static std::chrono::milliseconds stallTimeout(std::chrono::milliseconds timeout);
 
   SocketMesh(
       Store& store,
@@ -138,10 +176,18 @@ class SocketMesh {
   const std::string& listenAddress() const {
     return listen_address_;
   }
+  // The NIC every connection of this mesh is bound to.
+  const Nic& nic() const {
+    return nic_;
+  }
+  // For the schedules' messages: "rank 2 (other node, 198.18.0.2:40113)
+  // from nic0 (198.18.0.1)", or "rank 2" without a connection to it.
+  std::string describePeer(int peer) const;
 
  private:
   std::map<int, std::unique_ptr<SocketChannel>> channels_;
   std::string listen_address_;
+  Nic nic_;
 };
 
 } // namespace smddp::transport

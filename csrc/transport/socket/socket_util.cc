@@ -7,6 +7,7 @@
 #include <netdb.h>
 #include <netinet/tcp.h>
 #include <poll.h>
+#include <sys/ioctl.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -15,6 +16,7 @@
 #include <cstring>
 #include <fstream>
 #include <thread>
+#include <vector>
 
 #include "common/error.h"
 
@@ -125,28 +127,137 @@ bool routeTo(const SockAddr& peer, SockAddr* out) {
   return true;
 }
 
-bool interfaceAddress(const std::string& name, bool skip_loopback, SockAddr* out) {
+// One address of one interface of this host.
+struct HostAddress {
+  std::string name;
+  SockAddr addr;
+  SockAddr mask;
+  unsigned flags = 0;
+};
+
+std::vector<HostAddress> hostAddresses() {
+  std::vector<HostAddress> out;
   struct ifaddrs* list = nullptr;
   if (::getifaddrs(&list) != 0) {
-    return false;
+    return out;
   }
-  bool found = false;
-  for (auto* i = list; i != nullptr && !found; i = i->ifa_next) {
-    if (i->ifa_addr == nullptr || i->ifa_addr->sa_family != AF_INET || !(i->ifa_flags & IFF_UP)) {
+  for (auto* i = list; i != nullptr; i = i->ifa_next) {
+    if (i->ifa_addr == nullptr) {
       continue;
     }
-    if (!name.empty() && name != i->ifa_name) {
+    const int family = i->ifa_addr->sa_family;
+    if (family != AF_INET && family != AF_INET6) {
       continue;
     }
-    if (name.empty() && skip_loopback && (i->ifa_flags & IFF_LOOPBACK)) {
-      continue;
+    HostAddress h;
+    h.name = i->ifa_name;
+    h.flags = i->ifa_flags;
+    h.addr.len = family == AF_INET ? sizeof(sockaddr_in) : sizeof(sockaddr_in6);
+    std::memcpy(&h.addr.storage, i->ifa_addr, h.addr.len);
+    h.addr.setPort(0);
+    if (i->ifa_netmask != nullptr && i->ifa_netmask->sa_family == family) {
+      h.mask.len = h.addr.len;
+      std::memcpy(&h.mask.storage, i->ifa_netmask, h.mask.len);
     }
-    std::memcpy(&out->storage, i->ifa_addr, sizeof(sockaddr_in));
-    out->len = sizeof(sockaddr_in);
-    found = true;
+    out.push_back(h);
   }
   ::freeifaddrs(list);
-  return found;
+  return out;
+}
+
+bool sameHost(const SockAddr& a, const SockAddr& b) {
+  if (a.storage.ss_family != b.storage.ss_family) {
+    return false;
+  }
+  if (a.storage.ss_family == AF_INET) {
+    return reinterpret_cast<const sockaddr_in*>(&a.storage)->sin_addr.s_addr ==
+        reinterpret_cast<const sockaddr_in*>(&b.storage)->sin_addr.s_addr;
+  }
+  return std::memcmp(
+             &reinterpret_cast<const sockaddr_in6*>(&a.storage)->sin6_addr,
+             &reinterpret_cast<const sockaddr_in6*>(&b.storage)->sin6_addr, sizeof(in6_addr)) == 0;
+}
+
+std::vector<std::string> splitList(const std::string& list) {
+  std::vector<std::string> out;
+  size_t start = 0;
+  while (start <= list.size()) {
+    size_t comma = list.find(',', start);
+    std::string item = list.substr(start, comma == std::string::npos ? std::string::npos : comma - start);
+    const size_t b = item.find_first_not_of(" \t");
+    const size_t e = item.find_last_not_of(" \t");
+    out.push_back(b == std::string::npos ? std::string() : item.substr(b, e - b + 1));
+    if (comma == std::string::npos) {
+      break;
+    }
+    start = comma + 1;
+  }
+  return out;
+}
+
+// Whether `a` lies in `h`'s subnet (IPv4).
+bool inSubnet(const SockAddr& a, const HostAddress& h) {
+  if (a.storage.ss_family != AF_INET || h.addr.storage.ss_family != AF_INET || h.mask.len == 0) {
+    return false;
+  }
+  const uint32_t m = reinterpret_cast<const sockaddr_in*>(&h.mask.storage)->sin_addr.s_addr;
+  return (reinterpret_cast<const sockaddr_in*>(&a.storage)->sin_addr.s_addr & m) ==
+      (reinterpret_cast<const sockaddr_in*>(&h.addr.storage)->sin_addr.s_addr & m);
+}
+
+bool bindable(const SockAddr& a) {
+  Fd s(::socket(a.storage.ss_family, SOCK_DGRAM | SOCK_CLOEXEC, 0));
+  return s.get() >= 0 && ::bind(s.get(), reinterpret_cast<const sockaddr*>(&a.storage), a.len) == 0;
+}
+
+// The NIC `entry` (an interface name or an address) names, or why none. An
+// address no interface lists but this host owns (127.0.0.2 on loopback's
+// 127.0.0.0/8) belongs to the interface whose subnet holds it.
+bool resolveNic(const std::string& entry, const std::vector<HostAddress>& host, Nic* out, std::string* why) {
+  SockAddr ip;
+  if (parseIp(entry, &ip)) {
+    for (const HostAddress& h : host) {
+      if (sameHost(h.addr, ip)) {
+        out->name = h.name;
+        out->address = h.addr;
+        return true;
+      }
+    }
+    if (bindable(ip)) {
+      for (const HostAddress& h : host) {
+        if (inSubnet(ip, h)) {
+          out->name = h.name;
+          out->address = ip;
+          return true;
+        }
+      }
+    }
+    *why = "no interface of this host has that address";
+    return false;
+  }
+  bool exists = false;
+  for (const HostAddress& h : host) {
+    if (h.name != entry) {
+      continue;
+    }
+    exists = true;
+    if (h.addr.storage.ss_family == AF_INET) {
+      out->name = h.name;
+      out->address = h.addr;
+      return true;
+    }
+  }
+  *why = exists ? "that interface has no IPv4 address" : "this host has no interface of that name";
+  return false;
+}
+
+std::string hostOf(const SockAddr& a) {
+  std::string s = a.str();
+  s = s.substr(0, s.rfind(':'));
+  if (s.size() >= 2 && s.front() == '[') {
+    s = s.substr(1, s.size() - 2);
+  }
+  return s;
 }
 
 } // namespace
@@ -164,27 +275,112 @@ SockAddr SockAddr::parse(const std::string& host_port) {
   return a;
 }
 
-SockAddr chooseListenAddress(const std::string& preference, const std::string& peer_hint) {
-  SockAddr a;
-  if (!preference.empty()) {
-    if (parseIp(preference, &a) || interfaceAddress(preference, false, &a)) {
-      return a;
+std::string Nic::host() const {
+  return empty() ? std::string() : hostOf(address);
+}
+
+std::string Nic::str() const {
+  return smddp::str(name.empty() ? std::string("?") : name, " (", host(), ")");
+}
+
+size_t nicIndex(int local_rank, int local_size, size_t nics) {
+  if (nics == 0 || local_size <= 0) {
+    return 0;
+  }
+  const size_t l = static_cast<size_t>(std::clamp(local_rank, 0, local_size - 1));
+  return std::min(nics - 1, l * nics / static_cast<size_t>(local_size));
+}
+
+std::string describeInterfaces() {
+  std::string out;
+  size_t n = 0;
+  for (const HostAddress& h : hostAddresses()) {
+    if (++n > 24) {
+      out += ", ...";
+      break;
     }
-    SMDDP_THROW(
-        kConfig,
-        "SMDDP_SOCKET_IFNAME='",
-        preference,
-        "' is neither an IPv4 interface of this host nor an address; see `ip addr`");
+    out += smddp::str(out.empty() ? "" : ", ", h.name, " ", hostOf(h.addr), (h.flags & IFF_UP) ? "" : " (down)");
+  }
+  return out.empty() ? std::string("none with an address") : out;
+}
+
+bool interfaceRunning(const std::string& name, std::string* why) {
+  Fd s(::socket(AF_INET, SOCK_DGRAM | SOCK_CLOEXEC, 0));
+  struct ifreq ifr{};
+  if (s.get() < 0 || name.empty() || name.size() >= sizeof(ifr.ifr_name)) {
+    return true;  // nothing to say
+  }
+  std::memcpy(ifr.ifr_name, name.data(), name.size());
+  if (::ioctl(s.get(), SIOCGIFFLAGS, &ifr) != 0) {
+    *why = smddp::str("interface ", name, " is gone from this host");
+    return false;
+  }
+  if (!(ifr.ifr_flags & IFF_UP)) {
+    *why = smddp::str("interface ", name, " is down on this host");
+    return false;
+  }
+  if (!(ifr.ifr_flags & IFF_RUNNING)) {
+    *why = smddp::str("interface ", name, " has no carrier (its link is down)");
+    return false;
+  }
+  return true;
+}
+
+Nic chooseNic(const std::string& list, int local_rank, int local_size, const std::string& peer_hint) {
+  const std::vector<HostAddress> host = hostAddresses();
+  Nic nic;
+  if (!list.empty()) {
+    const std::vector<std::string> entries = splitList(list);
+    std::vector<Nic> nics;
+    for (const std::string& e : entries) {
+      Nic n;
+      std::string why;
+      if (e.empty() || !resolveNic(e, host, &n, &why)) {
+        SMDDP_THROW(
+            kConfig, "SMDDP_SOCKET_IFNAME='", list, "': ",
+            e.empty() ? std::string("an entry is empty") : smddp::str("'", e, "' names no NIC: ", why),
+            ". This host has: ", describeInterfaces(),
+            ". List interface names or addresses of this host (`ip addr`), separated by commas");
+      }
+      nics.push_back(n);
+    }
+    nic = nics[nicIndex(local_rank, local_size, nics.size())];
+    std::string why;
+    if (!interfaceRunning(nic.name, &why)) {
+      SMDDP_THROW(
+          kConfig, "SMDDP_SOCKET_IFNAME='", list, "': local rank ", local_rank, " of ", local_size, " uses ",
+          nic.str(), ", but ", why);
+    }
+    return nic;
   }
   SockAddr peer;
-  if (!peer_hint.empty() && resolve(peer_hint, &peer) && routeTo(peer, &a)) {
-    return a;
+  SockAddr local;
+  bool found = !peer_hint.empty() && resolve(peer_hint, &peer) && routeTo(peer, &local);
+  if (found) {
+    nic.address = local;
+    for (const HostAddress& h : host) {
+      if (sameHost(h.addr, local)) {
+        nic.name = h.name;
+        break;
+      }
+    }
+    return nic;
   }
-  if (interfaceAddress("", true, &a)) {
-    return a;
+  for (const HostAddress& h : host) {
+    if (h.addr.storage.ss_family == AF_INET && (h.flags & IFF_UP) && !(h.flags & IFF_LOOPBACK)) {
+      nic.name = h.name;
+      nic.address = h.addr;
+      return nic;
+    }
   }
-  parseIp("127.0.0.1", &a);
-  return a;
+  parseIp("127.0.0.1", &nic.address);
+  nic.name = "lo";
+  for (const HostAddress& h : host) {
+    if (sameHost(h.addr, nic.address)) {
+      nic.name = h.name;
+    }
+  }
+  return nic;
 }
 
 Fd listenOn(SockAddr* addr) {
@@ -204,22 +400,33 @@ Fd listenOn(SockAddr* addr) {
   return s;
 }
 
-Fd connectTo(const SockAddr& addr, const Deadline& deadline) {
+Fd connectTo(const SockAddr& addr, const Deadline& deadline, const SockAddr* from) {
   int delay_ms = 1;
+  const std::string source = from != nullptr ? smddp::str(" from ", hostOf(*from)) : std::string();
   while (true) {
     Fd s(::socket(addr.storage.ss_family, SOCK_STREAM | SOCK_CLOEXEC, 0));
     SMDDP_SYSCHECK(s.get(), "socket()");
+    if (from != nullptr) {
+      // The port comes with connect(), from the whole 4-tuple's space.
+      int one = 1;
+      ::setsockopt(s.get(), IPPROTO_IP, IP_BIND_ADDRESS_NO_PORT, &one, sizeof(one));
+      SockAddr src = *from;
+      src.setPort(0);
+      SMDDP_SYSCHECK(
+          ::bind(s.get(), reinterpret_cast<const sockaddr*>(&src.storage), src.len), "bind(", src.str(),
+          ") before connecting to ", addr.str());
+    }
     if (::connect(s.get(), reinterpret_cast<const sockaddr*>(&addr.storage), addr.len) == 0) {
       tuneConnection(s.get());
       return s;
     }
     int err = errno;
     if (err != ECONNREFUSED && err != ETIMEDOUT && err != EINTR && err != ECONNRESET &&
-        err != EHOSTUNREACH) {
-      SMDDP_THROW(kComm, "connect to ", addr.str(), " failed: ", errnoString(err));
+        err != EHOSTUNREACH && err != ENETUNREACH) {
+      SMDDP_THROW(kComm, "connect to ", addr.str(), source, " failed: ", errnoString(err));
     }
     if (deadline.expired()) {
-      SMDDP_THROW(kTimeout, "could not connect to ", addr.str(), ": ", errnoString(err));
+      SMDDP_THROW(kTimeout, "could not connect to ", addr.str(), source, ": ", errnoString(err));
     }
     std::this_thread::sleep_for(std::chrono::milliseconds(delay_ms));
     delay_ms = std::min(delay_ms * 2, 100);
