@@ -2,7 +2,7 @@
 #
 #   make bench   the side-by-side benchmark (smddp against gloo here, nccl on GPUs)
 #   make test    native tests (ctest) and the Python tests (pytest)
-#   make peers   smddp against MPI and DeepSpeed on this host (bench/peers.py)
+#   make peers   smddp against MPI and DeepSpeed on this host (python -m bench.peers)
 #
 # Both create the virtual environment (.venv) and build smddp into it first.
 
@@ -64,7 +64,7 @@ bench: build
 # the peers get their own environments under .venv-peers on the first run.
 PEERS_ARGS ?=
 peers: build
-	$(PY) bench/peers.py $(PEERS_ARGS)
+	$(PY) -m bench.peers $(PEERS_ARGS)
 
 clean:
 	rm -rf build $(NATIVE_DIR) $(NATIVE_DIR)-asan $(NATIVE_DIR)-tsan smddp/*.so *.egg-info
