@@ -288,7 +288,7 @@ def test_render_rewrites_marked_tables_and_checks_them(tmp_path, capsys):
     assert render.main([str(doc)]) == 0
     text = doc.read_text()
     assert "typed" not in text and text.startswith("# Title\n\n" + marked)
-    assert "| AllGather | float32 | 4K | 100.0 | 0.03 | 400.0 | 0.01 | 4.00 |" in text
+    assert "| AllGather | float32 | 4K | 100.0 | 0.031 | 400.0 | 0.008 | 4.00 |" in text
     assert "- command: `smddp-bench --sizes 4K,1M`" in text and "timing back-to-back" in text
     assert "Linux" in text and "torch" in text
     assert render.main(["--check", str(doc)]) == 0

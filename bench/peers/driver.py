@@ -51,6 +51,7 @@ class Settings:
     venv_dir: str = ".venv-peers"
     setup: str = "auto"  # auto: create missing venvs; only: create them and stop; skip
     out: str = os.path.join("bench-results", "peers")
+    json_path: str = ""  # "": out + ".json"
     plot: bool = True
     argv: list[str] = field(default_factory=list)
 
@@ -100,6 +101,7 @@ def build_parser() -> argparse.ArgumentParser:
     how.add_argument("--no-setup", action="store_true",
                      help="use the peer venvs as they are; never pip")
     g.add_argument("--out", default=Settings.out, help="prefix of the .txt, .json, .png files")
+    g.add_argument("--json", help="the record here instead of OUT.json")
     g.add_argument("--no-plot", action="store_true", help="no PNG")
     return p
 
@@ -129,7 +131,7 @@ def parse_args(argv: list[str] | None = None) -> Settings:
         impls=impls, ops=ops, dtypes=dtypes, sizes=sizes, ranks=ranks, timing=how,
         point_timeout=ns.point_timeout, start_timeout=ns.start_timeout, mpi_bf16=ns.mpi_bf16,
         venv_dir=ns.venv_dir, setup="only" if ns.setup_only else "skip" if ns.no_setup else "auto",
-        out=ns.out, plot=not ns.no_plot, argv=["python", "-m", "bench.peers", *argv],
+        out=ns.out, json_path=ns.json or ns.out + ".json", plot=not ns.no_plot, argv=["python", "-m", "bench.peers", *argv],
     )  # fmt: skip
 
 
@@ -454,8 +456,9 @@ def progress_line(rec: dict[str, Any]) -> str:
 def build_record(s: Settings, records: list[dict[str, Any]], impl_info: dict[str, Any],
                  elapsed: float, rec: dict[str, Any] | None = None) -> dict[str, Any]:  # fmt: skip
     """The peers record (kind "peers"); ``rec``: one made by record.new at the start."""
-    settings = {k: v for k, v in vars(s).items() if k not in ("argv", "timing")}
+    settings = {k: v for k, v in vars(s).items() if k not in ("argv", "timing", "json_path")}
     rec = rec or record.new("peers", s.argv, settings, s.timing)
+    rec["settings"] = record.plain(settings)
     m = rec["machine"]
     rows = views.peer_rows(records, s.impls, s.ops, s.dtypes)
     versions = {"smddp": m["smddp"], "gloo": f"(torch {m['torch']})"}
@@ -498,8 +501,7 @@ def main(argv: list[str] | None = None) -> int:
         return 0 if all(e.ok for e in envs.values()) else 1
     import smddp  # noqa: F401  (its version, in the record)
 
-    rec = record.new("peers", s.argv, {k: v for k, v in vars(s).items()
-                                       if k not in ("argv", "timing")}, s.timing)  # fmt: skip
+    rec = record.new("peers", s.argv, {}, s.timing)
     jobs, records = plan(s)
     logdir = s.out + ".logs"
     shutil.rmtree(logdir, ignore_errors=True)
@@ -525,8 +527,8 @@ def main(argv: list[str] | None = None) -> int:
     os.makedirs(os.path.dirname(os.path.abspath(s.out)), exist_ok=True)
     with open(s.out + ".txt", "w") as f:
         f.write(text + "\n")
-    record.write(rec, s.out + ".json")
+    record.write(rec, s.json_path)
     if s.plot:
         write_plot(rec, s.out + ".png")
-    say(f"wrote {s.out}.txt, {s.out}.json" + (f", {s.out}.png" if s.plot else ""))
+    say(f"wrote {s.out}.txt, {s.json_path}" + (f", {s.out}.png" if s.plot else ""))
     return launch.EXIT_WRONG if sum(rec["summary"]["wrong"].values()) else 0

@@ -73,6 +73,7 @@ def run_rank(s: CalibrationSettings, rank: int, world: int, init_method: str,
     from smddp.bench.sweep import Buffers, TorchComm
 
     torch.set_num_threads(1)  # as in smddp.bench.sweep: no spinning OpenMP workers
+    load_start = record.load_average()
     timeout = datetime.timedelta(seconds=s.pg_timeout)
     dist.init_process_group("gloo", init_method=init_method, rank=rank, world_size=world,
                             timeout=timeout)  # fmt: skip
@@ -103,7 +104,7 @@ def run_rank(s: CalibrationSettings, rank: int, world: int, init_method: str,
         measured = [(op, *median(op, size, whole, list(range(world)))) for op in _model.MODEL_OPS
                     for size in s.sizes if size >= 4 * world]  # fmt: skip
         if rank == 0:
-            _report(s, world, rpn, pair, measured)
+            _report(s, world, rpn, pair, measured, load_start)
         dist.barrier()
         return 0
     finally:
@@ -111,7 +112,7 @@ def run_rank(s: CalibrationSettings, rank: int, world: int, init_method: str,
 
 
 def _report(s: CalibrationSettings, world: int, rpn: int, pair: dict[str, list],
-            measured: list[tuple[str, int, float]]) -> None:  # fmt: skip
+            measured: list[tuple[str, int, float]], load_start: Any) -> None:  # fmt: skip
     labels = {"shm": "shared memory (ranks 0 and 1, one node)",
               "socket": f"sockets (ranks 0 and {rpn}, two nodes)"}  # fmt: skip
     fits = {}
@@ -139,6 +140,7 @@ def _report(s: CalibrationSettings, world: int, rpn: int, pair: dict[str, list],
                         "model_smddp_s": e.hier_s, "model_ring_s": e.ring_s})  # fmt: skip
     rec = record.new("calibration", s.argv, {**asdict(s), "world": world, "ranks_per_node": rpn},
                      s.timing, constants=asdict(machine), fits=fits, results=results)  # fmt: skip
+    rec["machine"]["load_average"]["start"] = load_start
     print(f"#\n# fit of time = alpha + bytes/beta, AllGather between two ranks; the model with "
           f"these constants against smddp on {nodes} nodes x {rpn} ranks:")  # fmt: skip
     print(_model.describe(machine))

@@ -295,7 +295,7 @@ def main(argv: list[str] | None = None) -> int:
     if command == "calibrate":
         from smddp.bench import model
 
-        return model.main(["--calibrate", *args[1:]], prog="smddp-bench calibrate")
+        return model.main(args[1:], prog="smddp-bench calibrate", calibrate=True)
     if command == "step":
         return _step(args[1:])
     if command == "render":

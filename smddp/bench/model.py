@@ -260,10 +260,11 @@ def format_table(estimates: Sequence[Estimate]) -> str:
     return views.model_table([asdict(e) for e in estimates])
 
 
-def main(argv: list[str], prog: str = "smddp-bench model") -> int:
+def main(argv: list[str], prog: str = "smddp-bench model", calibrate: bool = False) -> int:
     """``smddp-bench model`` (and ``smddp-bench calibrate``)."""
     parser = build_parser(prog)
     ns = parser.parse_args(argv)
+    ns.calibrate = ns.calibrate or calibrate
     try:
         m = machine_from_args(ns)
         nodes = [int(x) for x in ns.nodes.split(",") if x.strip()]

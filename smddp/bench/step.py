@@ -267,13 +267,12 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 2
     print(f"# smddp-bench step: {s.strategy}, {s.world} ranks x {len(s.backends)} backends, "
           f"{s.preset} ({s.num_params:,} parameters)", flush=True)  # fmt: skip
+    rec = record.new("step", s.argv, {k: v for k, v in vars(s).items() if k not in ("argv", "json")})
     try:
-        results = run(s, lambda msg: print(f"# {msg}", file=sys.stderr, flush=True))
+        rec["results"] = run(s, lambda msg: print(f"# {msg}", file=sys.stderr, flush=True))
     except launch.RankError as e:
         print(f"smddp-bench step: {e}", file=sys.stderr)
         return launch.EXIT_TIMEOUT if "silent for" in str(e) else 1
-    settings = {k: v for k, v in vars(s).items() if k not in ("argv", "json")}
-    rec = record.new("step", s.argv, settings, results=results)
     print(format_table(s, rec), flush=True)
     if s.json:
         record.write(rec, s.json)

@@ -158,7 +158,7 @@ def sweep_markdown(rec: dict[str, Any], **_: str) -> str:
     backends = rec["settings"]["backends"]
     pairs = rivals(backends)
     cols = [Column("op", left=True), Column("type", left=True), Column("size")]
-    cols += [Column("time", "µs", "{:.1f}"), Column("busbw", "GB/s", "{:.2f}")] * len(backends)
+    cols += [Column("time", "µs", "{:.1f}"), Column("busbw", "GB/s", "{:.3f}")] * len(backends)
     cols += [Column(f"{a}/{b}", fmt="{:.2f}") for a, b in pairs]
     groups = [("", 3)] + [(b, 2) for b in backends] + ([("busbw", len(pairs))] if pairs else [])
     rows = []
@@ -298,7 +298,7 @@ def peers_text(rec: dict[str, Any], header: str = "") -> str:
 def peers_markdown(rec: dict[str, Any], **_: str) -> str:
     s = rec["settings"]
     rows = peer_rows(rec["results"], s["impls"], s["ops"], s["dtypes"])
-    versions = "; ".join(f"{n} {v}" for n, v in rec.get("versions", {}).items())
+    versions = "; ".join(f"{n} {' '.join(str(v).split())}" for n, v in rec["versions"].items())
     return (table.markdown(*_peer_table(rows, s["impls"])) + "\n\n"
             + footer(rec, f"{PEERS_LEGEND}; {versions}"))  # fmt: skip
 
@@ -307,7 +307,7 @@ def peers_markdown(rec: dict[str, Any], **_: str) -> str:
 
 
 def model_table(estimates: list[dict], markdown: bool = False) -> str:
-    cols = [Column("op", width=15), Column("nodes", width=6), Column("GPUs", width=6),
+    cols = [Column("op", width=15, left=True), Column("nodes", width=6), Column("GPUs", width=6),
             Column("size", "(B)", width=7), Column("time", "(us)", "{:.1f}", 11),
             Column("busbw", "(GB/s)", "{:.2f}", 8), Column("time", "(us)", "{:.1f}", 11),
             Column("busbw", "(GB/s)", "{:.2f}", 8), Column("ratio", fmt="{:.2f}", width=6)]
@@ -352,7 +352,7 @@ def calibration_markdown(rec: dict[str, Any], **_: str) -> str:
 def step_table(rec: dict[str, Any], markdown: bool = False) -> str:
     res = rec["results"]
     fake, ref = res.get("fake"), res.get("smddp")
-    cols = [Column("backend", width=8), Column("step", "(s)", "{:.3f}", 9),
+    cols = [Column("backend", width=8, left=True), Column("step", "(s)", "{:.3f}", 9),
             Column("min", "(s)", "{:.3f}", 8), Column("comm wait", "(s)", "{:.3f}", 10),
             Column("preempted", "(s)", "{:.3f}", 10), Column("vs fake", width=8),
             Column("x smddp", width=8), Column("final loss", width=11)]  # fmt: skip
