@@ -25,7 +25,7 @@ import statistics
 import sys
 import time
 from pathlib import Path
-from typing import Sequence
+from typing import Any, Sequence
 
 import torch
 import torch.distributed as dist
@@ -38,6 +38,7 @@ from torch.distributed.checkpoint.state_dict import (
     get_state_dict,
     set_state_dict,
 )
+from torch.distributed.device_mesh import DeviceMesh
 from torch.distributed.tensor import DTensor
 
 import smddp  # noqa: F401  (registers backend="smddp")
@@ -49,11 +50,25 @@ from smddp.bench.gpt import (
     GPT,
     STRATEGIES,
     GPTConfig,
-    mesh_report,
     parallelize,
     synthetic_batch,
     thread_times,
 )
+
+
+def mesh_report(mesh: DeviceMesh) -> dict[str, dict[str, Any]]:
+    """For each mesh dimension, this rank's group: its global ranks and, on
+    smddp, the backend's own view of its topology (nodes x ranks per node)."""
+    out: dict[str, dict[str, Any]] = {}
+    for dim, name in enumerate(mesh.mesh_dim_names or ()):
+        group = mesh.get_group(dim)
+        entry: dict[str, Any] = {"ranks": dist.get_process_group_ranks(group)}
+        with contextlib.suppress(Exception):
+            backend = group._get_backend(torch.device(mesh.device_type))
+            if hasattr(backend, "topology"):
+                entry["topology"] = backend.topology()
+        out[name] = entry
+    return out
 
 
 @dataclasses.dataclass

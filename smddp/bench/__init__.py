@@ -4,13 +4,8 @@
     smddp-bench model --preset p4d       # flat ring vs smddp's hierarchy at 16-128 nodes
     python -m smddp.bench --help
 
-The torch-free core every benchmark here is built on (the peer comparison,
-the soak and the GPU benchmarks under bench/ too): ``units`` (sizes),
-``ops`` (nccl-tests' geometry and bus factors, the inputs and the oracle),
-``timing`` (the timing function and its policies), ``record`` (the JSON
-record), ``table`` and ``views`` (tables, as text and markdown), ``plot``,
-``launch`` (starting, watching and killing ranks), ``model`` (the cost
-model) and ``render`` (the docs' tables). ``sweep`` is its torch side.
+The modules are the torch-free core every benchmark of the repository is
+built on (bench/README.md lists them); ``sweep`` is its torch side.
 """
 
 from __future__ import annotations

@@ -13,7 +13,6 @@ import dataclasses
 import math
 import os
 import time
-from typing import Any
 
 import torch
 import torch.distributed as dist
@@ -157,21 +156,6 @@ def make_mesh(device_type: str, replicate: int) -> DeviceMesh:
     return init_device_mesh(
         device_type, (replicate, world // replicate), mesh_dim_names=("replicate", "shard")
     )
-
-
-def mesh_report(mesh: DeviceMesh) -> dict[str, dict[str, Any]]:
-    """For each mesh dimension, this rank's group: its global ranks and, on
-    smddp, the backend's own view of its topology (nodes x ranks per node)."""
-    out: dict[str, dict[str, Any]] = {}
-    for dim, name in enumerate(mesh.mesh_dim_names or ()):
-        group = mesh.get_group(dim)
-        entry: dict[str, Any] = {"ranks": dist.get_process_group_ranks(group)}
-        with contextlib.suppress(Exception):
-            backend = group._get_backend(torch.device(mesh.device_type))
-            if hasattr(backend, "topology"):
-                entry["topology"] = backend.topology()
-        out[name] = entry
-    return out
 
 
 def parallelize(
