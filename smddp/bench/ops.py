@@ -61,14 +61,6 @@ DTYPE_ALIASES = {
 EPS = {"float32": 2.0**-24, "float64": 2.0**-53, "float16": 2.0**-11, "bfloat16": 2.0**-8}
 
 
-def canonical_dtype(name: str) -> str:
-    """``"bf16"`` -> ``"bfloat16"``; ValueError for a dtype the benchmark lacks."""
-    key = DTYPE_ALIASES.get(name.strip().lower(), name.strip().lower())
-    if key not in DTYPES:
-        raise ValueError(f"unknown dtype {name!r} (choose from {', '.join(DTYPES)})")
-    return key
-
-
 @dataclass(frozen=True)
 class Geometry:
     """One point of a sweep, in nccl-tests' terms."""
