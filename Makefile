@@ -2,7 +2,7 @@
 #
 #   make bench   the side-by-side benchmark (smddp against gloo here, nccl on GPUs)
 #   make test    native tests (ctest) and the Python tests (pytest)
-#   make peers   smddp against MPI and DeepSpeed on this host (bench/peers.py)
+#   make peers   smddp against MPI and DeepSpeed on this host (python -m bench.peers)
 #   make compat  a fresh copy of the tracked files built against torch 2.11
 #                (the oldest torch smddp supports) and a short test subset
 #
@@ -66,7 +66,7 @@ bench: build
 # the peers get their own environments under .venv-peers on the first run.
 PEERS_ARGS ?=
 peers: build
-	$(PY) bench/peers.py $(PEERS_ARGS)
+	$(PY) -m bench.peers $(PEERS_ARGS)
 
 # The oldest supported torch, in a copy of the tracked files with a venv of its
 # own (this checkout's build and venv are untouched). One GPU architecture:

@@ -1,79 +1,99 @@
 """The GPU reduction kernel against the same GPU's device-to-device copy.
 
-    python bench/gpu_kernels.py [--json FILE]
+    python bench/gpu_kernels.py [--json FILE] [--sizes 64M,256M,1G] [--blocks 16,32,64]
 
 For each dtype (float32, bfloat16) and size, times smddp's reduction of two
 sources into a third buffer (reads 2n, writes n elements) and torch's
-device-to-device copy (reads n, writes n), both with CUDA events, median of
-20 after warm-up, and reports each as bytes moved per second and the ratio.
-The kernel is timed with several block counts (SMDDP_CUDA_REDUCE_BLOCKS):
-the collectives use few blocks to leave the GPU to the computation.
+device-to-device copy (reads n, writes n), each call between CUDA events
+(smddp.bench.timing, a barrier before each call: median of 20 after 3 warm-up
+calls), checks both, and reports each as bytes moved per second and the
+ratio. The kernel is timed with several block counts
+(SMDDP_CUDA_REDUCE_BLOCKS): the collectives use few blocks to leave the GPU to
+the computation.
 """
 
 from __future__ import annotations
 
 import argparse
-import json
+import os
 import statistics
+import sys
+from types import SimpleNamespace
 
-import torch
+if __package__ in (None, ""):  # run as a script: the repository's root is one folder up
+    sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-import smddp
-
-
-def _time(fn, iters: int = 20) -> float:
-    for _ in range(3):
-        fn()
-    times = []
-    for _ in range(iters):
-        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        a.record()
-        fn()
-        b.record()
-        b.synchronize()
-        times.append(a.elapsed_time(b) / 1e3)
-    return statistics.median(times)
+from smddp.bench import record, table, timing  # noqa: E402
+from smddp.bench.units import parse_size_list  # noqa: E402
 
 
-def main() -> int:
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--json", default=None)
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__,
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--json", default=None, help="the record (kind gpu-kernels)")
     p.add_argument("--sizes", default="64M,256M,1G", help="bytes per source buffer")
-    p.add_argument("--blocks", default="16,32,64,132,264")
-    args = p.parse_args()
+    p.add_argument("--blocks", default="16,32,64,132,264", help="block counts of the kernel")
+    args = p.parse_args(argv)
+    import torch
+
+    import smddp
+
     if not torch.cuda.is_available() or not smddp._C.with_cuda:
         print("no GPU, or smddp built without CUDA")
         return 1
-    units = {"K": 1 << 10, "M": 1 << 20, "G": 1 << 30}
-    sizes = [int(s[:-1]) * units[s[-1]] if s[-1] in units else int(s) for s in args.sizes.split(",")]
-    blocks = [int(b) for b in args.blocks.split(",")]
+    sizes, blocks = parse_size_list(args.sizes), [int(b) for b in args.blocks.split(",")]
+    how = timing.Timing(timing.BARRIER_EACH, warmup=3, block_warmup=0, iters=20, rounds=1)
+
+    def clock():  # type: ignore[no-untyped-def]
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+
+        def stop() -> float:
+            end.record()
+            end.synchronize()
+            return start.elapsed_time(end) / 1e3
+
+        return stop
+
+    def gbs(case: SimpleNamespace, moved: int) -> float:
+        r = timing.measure({"k": case}, timing.LocalComm(), how, torch.cuda.synchronize, clock)["k"]
+        if r.status != "ok" or r.wrong:
+            raise SystemExit(f"{case.what}: {r.error or f'{r.wrong} wrong elements'}")
+        return moved / statistics.median(r.samples) / 1e9
+
     rows = []
-    print(f"# {torch.cuda.get_device_name(0)}; GB/s = bytes read + written per second / 1e9")
-    print(f"# {'dtype':>9} {'bytes':>12} {'copy GB/s':>10} {'blocks':>7} {'reduce GB/s':>12} {'ratio':>6}")
     for dtype in (torch.float32, torch.bfloat16):
         for nbytes in sizes:
             n = nbytes // torch.tensor([], dtype=dtype).element_size()
-            x = torch.randn(n, device="cuda").to(dtype)
-            y = torch.randn(n, device="cuda").to(dtype)
+            x, y = (torch.randn(n, device="cuda").to(dtype) for _ in range(2))
             out = torch.empty_like(x)
-            t_copy = _time(lambda: out.copy_(x))
-            copy_bw = 2 * nbytes / t_copy / 1e9
             want = (x.float() + y.float()).to(dtype)
+            nan = lambda: out.fill_(float("nan"))  # noqa: E731
+            copy = SimpleNamespace(run=lambda: out.copy_(x), restore=lambda: None, poison=nan,
+                                   wrong=lambda: int((out != x).sum()), what="copy")
+            copy_bw = gbs(copy, 2 * nbytes)
             for nb in blocks:
-                got = smddp._C.device_reduce([x, y], "SUM", nb)
-                torch.cuda.synchronize()
-                assert torch.equal(got, want), "device reduction differs from torch"
-                t_red = _time(lambda: smddp._C.device_reduce([x, y], "SUM", nb, out=out))
-                red_bw = 3 * nbytes / t_red / 1e9
-                rows.append({"dtype": str(dtype).split(".")[-1], "bytes": nbytes, "copy_gbps": copy_bw,
-                             "blocks": nb, "reduce_gbps": red_bw, "ratio": red_bw / copy_bw})
-                r = rows[-1]
-                print(f"  {r['dtype']:>9} {nbytes:>12} {copy_bw:>10.1f} {nb:>7} {red_bw:>12.1f} {r['ratio']:>6.2f}")
+                red = SimpleNamespace(
+                    run=lambda nb=nb: smddp._C.device_reduce([x, y], "SUM", nb, out=out),
+                    restore=lambda: None, poison=nan, wrong=lambda: int((out != want).sum()),
+                    what=f"device_reduce with {nb} blocks")  # fmt: skip
+                red_bw = gbs(red, 3 * nbytes)
+                rows.append({"dtype": str(dtype).split(".")[-1], "bytes": nbytes,
+                             "copy_gbps": copy_bw, "blocks": nb, "reduce_gbps": red_bw,
+                             "ratio": red_bw / copy_bw})  # fmt: skip
             del x, y, out, want
             torch.cuda.empty_cache()
+    device = torch.cuda.get_device_name(0)
+    cols = [table.Column("dtype"), table.Column("bytes"), table.Column("copy", "(GB/s)", "{:.1f}"),
+            table.Column("blocks"), table.Column("reduce", "(GB/s)", "{:.1f}"),
+            table.Column("ratio", fmt="{:.2f}")]  # fmt: skip
+    print(f"# {device}; GB/s = bytes read + written per second / 1e9\n# {how.describe()}")
+    print(table.text(cols, [list(r.values()) for r in rows]))
     if args.json:
-        with open(args.json, "w") as f:
-            json.dump({"device": torch.cuda.get_device_name(0), "rows": rows}, f, indent=1)
+        rec = record.new("gpu-kernels", ["python", "bench/gpu_kernels.py", *(argv or sys.argv[1:])],
+                         vars(args), how, device=device, results=rows)  # fmt: skip
+        rec["machine"].update(device="cuda", gpus=[device])
+        record.write(rec, args.json)
     return 0
 
 

@@ -82,7 +82,8 @@ def test_defaults_without_gpu(monkeypatch):
     assert s.backends == ("smddp", "gloo") and s.device == "cpu"
     assert s.sizes == tuple(4 * K * 4**i for i in range(8))  # 4K .. 64M
     assert s.json_path.endswith("bench.json") and s.plot_path.endswith("bench.png")
-    assert s.iters is None and s.time_per_point > 0
+    assert s.timing.iters is None and s.timing.time_per_point > 0
+    assert s.timing.policy == "back-to-back"
 
 
 def test_ranges_lists_and_choices(monkeypatch):
@@ -98,12 +99,13 @@ def test_ranges_lists_and_choices(monkeypatch):
     s, world, rpn = _parse(
         ["--nproc", "6", "--nodes", "3", "-n", "7", "-w", "0", "--no-save"], monkeypatch
     )
-    assert (world, rpn, s.iters, s.warmup) == (6, 2, 7, 0)
-    assert s.block_warmup == 3
-    assert _parse(["--block-warmup", "0"], monkeypatch)[0].block_warmup == 0
+    assert (world, rpn, s.timing.iters, s.timing.warmup) == (6, 2, 7, 0)
+    assert s.timing.block_warmup == 3
+    assert _parse(["--block-warmup", "0"], monkeypatch)[0].timing.block_warmup == 0
+    assert _parse(["--timing", "barrier-each"], monkeypatch)[0].timing.policy == "barrier-each"
     assert s.json_path is None and s.plot_path is None
     s, _, _ = _parse(["--op", "allgather,rs", "--time-per-point", "0.5"], monkeypatch)
-    assert s.ops == ("all_gather", "reduce_scatter") and s.time_per_point == 0.5
+    assert s.ops == ("all_gather", "reduce_scatter") and s.timing.time_per_point == 0.5
 
 
 @pytest.mark.parametrize(
@@ -123,6 +125,7 @@ def test_ranges_lists_and_choices(monkeypatch):
         (["--redop", "xor"], "invalid choice"),
         (["--root", "9"], "not a rank"),
         (["--block-warmup", "-1"], "--block-warmup is too small"),
+        (["--timing", "sometimes"], "invalid choice"),
     ],
 )
 def test_errors_name_the_problem(argv, message, monkeypatch, capsys):
@@ -132,12 +135,9 @@ def test_errors_name_the_problem(argv, message, monkeypatch, capsys):
     assert message in capsys.readouterr().err
 
 
-def test_a_block_times_its_calls_after_the_untimed_ones(monkeypatch):
-    from smddp.bench import sweep
+def test_a_block_times_its_calls_after_the_untimed_ones():
+    from smddp.bench import timing
 
-    # The block's collectives on the control group, stood in for: one rank.
-    monkeypatch.setattr(sweep.dist, "barrier", lambda group=None: None)
-    monkeypatch.setattr(sweep.dist, "all_reduce", lambda t, op=None, group=None: None)
     calls = []
 
     def fn():
@@ -145,11 +145,11 @@ def test_a_block_times_its_calls_after_the_untimed_ones(monkeypatch):
         if len(calls) <= 2:
             time.sleep(0.2)  # the cold calls: must not count
 
-    rank = types.SimpleNamespace(cuda=False, ctrl=None)
     # In-place ops: the timed calls start from restored inputs.
-    times, wall = sweep.Sweep._block(rank, fn, 4, lambda: calls.append("restore"), 2)
+    restore = lambda: calls.append("restore")  # noqa: E731
+    times, wall = timing.time_calls(fn, timing.LocalComm(), 4, timing.BACK_TO_BACK, restore, 2)
     assert calls == ["call"] * 2 + ["restore"] + ["call"] * 4
-    assert times[0] < 0.05, f"untimed calls were timed: {times[0]:.3f} s per call"
+    assert len(times) == 1 and times[0] < 0.05, f"untimed calls were timed: {times}"
     assert wall >= 0.4, "the untimed calls did not run before the timed ones"
 
 
@@ -197,41 +197,71 @@ def test_sizes_follow_nccl_tests():
     assert ops.geometry("all_gather", 8, 4, 4) is None
 
 
+@pytest.mark.parametrize("dtype", ["float32", "int32", "uint8"])
 @pytest.mark.parametrize("redop", ["sum", "prod", "min", "max", "avg"])
 @pytest.mark.parametrize("op", ["all_gather", "reduce_scatter", "all_reduce", "broadcast"])
-def test_expected_values_match_a_simulated_collective(op, redop):
-    world, root = 3, 1
-    geom = ops.geometry(op, 5 * 3 * 4, 4, world)
-    inputs = [ops.rank_input(op, redop, r, geom, root) for r in range(world)]
-    stack = np.stack([ops.input_values(r, 0, geom.in_numel, redop) for r in range(world)])
-    combined = {
-        "sum": stack.sum(0),
-        "avg": stack.mean(0),
-        "prod": stack.prod(0),
-        "min": stack.min(0),
-        "max": stack.max(0),
-    }[redop]
+def test_the_oracle_accepts_a_simulated_collective_and_nothing_else(op, redop, dtype):
+    if redop == "avg" and dtype != "float32":
+        return
+    world, root, offset = 3, 1, 11
+    geom = ops.geometry(op, 64 * 3 * 4, 4, world)
+    inputs = [ops.rank_input(op, redop, r, geom, root, dtype, offset) for r in range(world)]
+    assert inputs[0] is None if op == "broadcast" else inputs[0] is not None
+    if dtype == "uint8":
+        assert all(x is None or x.min() >= 0 for x in inputs)
+    r = redop if ops.OPS[op].reduces else "sum"
+    stack = np.stack([ops.input_values(q, offset, geom.in_numel, r, dtype) for q in range(world)])
+    combined = {"sum": stack.sum(0), "avg": stack.mean(0), "prod": stack.prod(0),
+                "min": stack.min(0), "max": stack.max(0)}[redop]  # fmt: skip
+    if dtype == "uint8":
+        combined = combined % 256
     for rank in range(world):
-        got = ops.expected_output(op, redop, rank, world, geom, root)
+        c = geom.count
         if op == "all_gather":
-            want = np.concatenate(inputs)
+            out = np.concatenate(inputs)
         elif op == "broadcast":
-            want = inputs[root]
-            assert inputs[0] is None
+            out = inputs[root]
         elif op == "reduce_scatter":
-            want = combined[rank * geom.count : (rank + 1) * geom.count]
+            out = combined[rank * c : (rank + 1) * c]
         else:
-            want = combined
-        np.testing.assert_allclose(got, want, rtol=1e-12)
-    assert len({tuple(ops.input_values(r, 0, 8, redop)) for r in range(world)}) == world
+            out = combined
+        check = lambda o: ops.count_wrong(  # noqa: E731
+            op, redop, dtype, rank, world, geom, root, lambda a, b: o[a:b], offset)
+        assert check(out) == 0
+        bad = out.astype(np.float64).copy()
+        bad[[0, -1]] += 1
+        assert check(bad) == 2
+        bad[1] = np.nan
+        assert check(bad) == 3
+        # The same values one element off, or from another call, are wrong.
+        assert check(np.roll(out, 1)) > 0
+        assert ops.count_wrong(op, redop, dtype, rank, world, geom, root,
+                               lambda a, b: out[a:b], offset + 1) > 0  # fmt: skip
+    assert len({tuple(ops.input_values(q, 0, 8, redop)) for q in range(world)}) == world
+
+
+def test_the_oracle_compares_large_outputs_block_by_block():
+    world, rank = 2, 1
+    geom = ops.geometry("reduce_scatter", 2 * 4 * (3 * ops.PERIOD * 1024 + 5), 4, world)
+    stack = [ops.input_values(q, 0, geom.in_numel, "sum") for q in range(world)]
+    out = np.sum(stack, axis=0)[rank * geom.count : (rank + 1) * geom.count].astype(np.float32)
+    seen = []
+
+    def get(a, b):
+        seen.append(b - a)
+        return out[a:b]
+
+    assert ops.count_wrong("reduce_scatter", "sum", "float32", rank, world, geom, 0, get) == 0
+    assert max(seen) == ops.PERIOD * 1024 and sum(seen) == geom.count
 
 
 # -- one real sweep ---------------------------------------------------------------
 
 
 def _check_record(record):
-    assert record["schema"] == "smddp-bench/1"
+    assert record["schema"] == "smddp-bench/2" and record["kind"] == "sweep"
     for key in (
+        "timing",
         "created",
         "command",
         "elapsed_s",
@@ -240,12 +270,12 @@ def _check_record(record):
         "topology",
         "settings",
         "results",
-        "ratios",
         "summary",
     ):
         assert key in record, key
     m = record["machine"]
-    for key in ("hostname", "cpu_model", "cpu_cores", "python", "torch", "smddp", "device"):
+    for key in ("hostname", "cpu_model", "cpu_cores", "kernel", "python", "torch", "smddp",
+                "device"):
         assert m[key], key
     assert (
         all(k.startswith("SMDDP_") for k in record["config"]) and "SMDDP_ALGO" in record["config"]
@@ -257,9 +287,11 @@ def _check_record(record):
     ops_run = record["settings"]["ops"]
     assert len(results) == len(ops_run) * 2 * 2  # ops x sizes x backends
     for r in results:
-        assert r["error"] is None, r
+        assert r["status"] == "ok" and not r["note"], r
         assert r["backend"] in ("smddp", "gloo") and r["op"] in ops_run
-        assert r["iters"] == len(r["samples_us"]) >= 2
+        # Back to back: one sample per block, the calls of every block in iters.
+        assert len(r["samples_us"]) == record["timing"]["rounds"]
+        assert r["iters"] == record["timing"]["iters"]
         assert all(isinstance(x, float) and x > 0 for x in r["samples_us"])
         assert r["time_us"] == pytest.approx(float(np.median(r["samples_us"])))
         assert r["algbw_gbs"] == pytest.approx(r["size_bytes"] / (r["time_us"] * 1e-6) / 1e9)
@@ -267,9 +299,9 @@ def _check_record(record):
         assert r["busbw_gbs"] == pytest.approx(r["algbw_gbs"] * factor)
         assert r["wrong"] == 0
     assert {r["size_bytes"] for r in results} == {4 * K, 64 * K}
-    for q in record["ratios"]:
-        assert q["numerator"] == "smddp" and q["denominator"] == "gloo" and q["busbw_ratio"] > 0
     assert record["summary"]["wrong"] == 0
+    for t in record["summary"]["tables"]:
+        assert t["ratio_of_avg_busbw"]["smddp/gloo"] > 0 and t["geomean_ratio"]["smddp/gloo"] > 0
     assert len(record["summary"]["tables"]) == len(ops_run)
 
 
@@ -308,6 +340,7 @@ def test_tiny_sweep_writes_json_and_plot(tmp_path, capfd, monkeypatch):
     assert "#wrong" in printed and "smddp/gloo" in printed and "avg busbw" in printed
     assert "1 warm-up calls, then 2 timed calls in 2 blocks" in printed
     assert "each after 3 untimed calls" in printed
+    assert printed.count("timing back-to-back") == 2  # the header and the footer
     assert printed.count("# AllGather") == 1 and "#wrong: 0 OK" in printed
     record = json.loads(out_json.read_text())
     _check_record(record)
@@ -335,11 +368,11 @@ def test_backends_with_a_schedule() -> None:
 
 @pytest.mark.parametrize("op", ["all_gather", "reduce_scatter"])
 def test_inplace_buffers_alias_and_a_silent_backend_is_caught(op):
-    from smddp.bench.sweep import _Point
+    from smddp.bench.sweep import Buffers
 
     world, rank = 3, 1
     geom = ops.geometry(op, 96 * K, 4, world)
-    point = _Point(op, "float32", geom, "sum", 0, rank, world, torch.device("cpu"), inplace=True)
+    point = Buffers(op, "float32", geom, "sum", 0, rank, world, torch.device("cpu"), inplace=True)
     block = geom.in_numel if op == "all_gather" else geom.out_numel
     big, small = (point.out, point.inp) if op == "all_gather" else (point.inp, point.out)
     # The rank's block of the larger buffer, as nccl-tests' in-place columns.
@@ -374,15 +407,15 @@ def test_inplace_sweep(tmp_path, capfd, monkeypatch):
 def test_progress_bar_and_plot_are_optional(tmp_path, monkeypatch, capsys):
     """Without tqdm the tables print plainly; without matplotlib the plot is
     skipped (write_plot says so), and nothing else changes."""
-    from smddp.bench import report, sweep
+    from smddp.bench import plot, sweep
 
     monkeypatch.setitem(sys.modules, "tqdm", None)  # import tqdm raises ImportError
     monkeypatch.setitem(sys.modules, "matplotlib", None)
     assert sweep._tqdm() is None
     s = sweep.Sweep.__new__(sweep.Sweep)
-    s.rank, s.out = 0, sys.stdout
-    s._print("# a table line")
+    s.rank = 0
+    s.print("# a table line")
     assert capsys.readouterr().out == "# a table line\n"
     png = tmp_path / "bench.png"
-    assert report.write_plot({"settings": {"backends": ["smddp"]}}, str(png)) is False
+    assert plot.busbw([("AllGather", {"smddp": [(4096, 1.0)]})], str(png), "title") is False
     assert not png.exists()

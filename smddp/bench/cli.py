@@ -4,7 +4,9 @@ smddp-bench                                   # the default sweep (make bench)
 smddp-bench --nproc 8 --nodes 2 --op all -b 4K -e 256M -f 4
 torchrun --nproc-per-node 8 -m smddp.bench --op all_gather
 smddp-bench model --preset p4d --nodes 16,128 --sizes 64M,256M
+smddp-bench calibrate                         # the model's constants for this host
 smddp-bench step ...                          # the FSDP training-step benchmark
+smddp-bench render docs/performance.md        # the docs' tables from their records
 """
 
 from __future__ import annotations
@@ -14,17 +16,11 @@ import os
 import sys
 import time
 
-from smddp.bench import launch
+from smddp.bench import launch, timing
 from smddp.bench import ops as _ops
 from smddp.bench.sweep import SweepSettings
-from smddp.bench.units import (
-    OP_ALIASES,
-    HelpFormatter,
-    format_size,
-    parse_size,
-    parse_size_list,
-    size_range,
-)
+from smddp.bench.units import OP_ALIASES, HelpFormatter, choose, format_size, parse_size
+from smddp.bench.units import parse_size_list, size_range
 
 DEFAULT_JSON = os.path.join("bench-results", "bench.json")
 DEFAULT_PLOT = os.path.join("bench-results", "bench.png")
@@ -36,65 +32,36 @@ _KNOWN_BACKENDS = ("smddp", "gloo", "nccl", "ucc", "mpi", "xccl")
 SMDDP_ALGOS = ("auto", "ring", "hierarchical")
 
 
-def _size_arg(text: str) -> int:
-    try:
-        return parse_size(text)
-    except ValueError as e:
-        raise argparse.ArgumentTypeError(str(e)) from None
+def _arg(parse):  # type: ignore[no-untyped-def]
+    def wrapped(text: str):  # type: ignore[no-untyped-def]
+        try:
+            return parse(text)
+        except ValueError as e:
+            raise argparse.ArgumentTypeError(str(e)) from None
 
-
-def _sizes_arg(text: str) -> list[int]:
-    try:
-        return parse_size_list(text)
-    except ValueError as e:
-        raise argparse.ArgumentTypeError(str(e)) from None
-
-
-def _list(text: str) -> list[str]:
-    return [p.strip() for p in text.split(",") if p.strip()]
+    return wrapped
 
 
 def parse_ops(text: str) -> tuple[str, ...]:
     """``"all"`` or a comma list of collectives (nccl-tests spellings accepted)."""
-    names = _list(text.lower())
-    if names == ["all"]:
-        return tuple(_ops.OPS)
-    out: list[str] = []
-    for n in names:
-        op = OP_ALIASES.get(n, n)
-        if op not in _ops.OPS:
-            raise ValueError(f"unknown op {n!r} (choose from {', '.join(_ops.OPS)}, or all)")
-        if op not in out:
-            out.append(op)
-    if not out:
-        raise ValueError("no op given")
-    return tuple(out)
+    return choose(text, _ops.OPS, "op", OP_ALIASES)
 
 
 def parse_dtypes(text: str) -> tuple[str, ...]:
-    out: list[str] = []
-    for n in _list(text):
-        d = _ops.canonical_dtype(n)
-        if d not in out:
-            out.append(d)
-    if not out:
-        raise ValueError("no dtype given")
-    return tuple(out)
+    return choose(text, _ops.DTYPES, "dtype", _ops.DTYPE_ALIASES)
 
 
 def parse_backends(text: str, device: str) -> tuple[str, ...]:
-    names = [n.lower() for n in _list(text)]
+    names = [n.strip().lower() for n in text.split(",") if n.strip()]
     if not names:
         raise ValueError("no backend given")
     for n in names:
-        base, _, algo = n.partition(":")
+        base, colon, algo = n.partition(":")
         if base not in _KNOWN_BACKENDS:
             raise ValueError(f"unknown backend {n!r} (choose from {', '.join(_KNOWN_BACKENDS)})")
-        if _ and (base != "smddp" or algo not in SMDDP_ALGOS):
-            raise ValueError(
-                f"unknown backend {n!r}: a schedule is chosen as smddp:ring, smddp:hierarchical "
-                "or smddp:auto"
-            )
+        if colon and (base != "smddp" or algo not in SMDDP_ALGOS):
+            raise ValueError(f"unknown backend {n!r}: a schedule is chosen as smddp:ring, "
+                             "smddp:hierarchical or smddp:auto")  # fmt: skip
     import torch.distributed as dist
 
     for n in names:
@@ -104,9 +71,8 @@ def parse_backends(text: str, device: str) -> tuple[str, ...]:
     if len(set(names)) != len(names):
         raise ValueError(f"a backend is listed twice: {text!r}")
     if device == "cpu" and "nccl" in names:
-        raise ValueError(
-            "nccl runs on CUDA tensors only; on CPU compare smddp with gloo (or pass --device cuda)"
-        )
+        raise ValueError("nccl runs on CUDA tensors only; on CPU compare smddp with gloo (or "
+                         "pass --device cuda)")  # fmt: skip
     return tuple(names)
 
 
@@ -125,119 +91,68 @@ def build_parser() -> argparse.ArgumentParser:
         description="Benchmark smddp against its rival (gloo on CPU, nccl on GPU) in one run, "
         "interleaved on the same buffers, and print nccl-tests-style tables with a ratio column.",
         epilog="Other commands: 'smddp-bench model --help' (the cost model: flat ring against "
-        "smddp's hierarchical schedule, and --calibrate on this host), 'smddp-bench step --help' "
-        "(the FSDP training-step benchmark). Under torchrun or any launcher that sets RANK "
-        "and WORLD_SIZE, "
-        "smddp-bench runs as one rank and spawns nothing.",
+        "smddp's hierarchical schedule), 'smddp-bench calibrate --help' (the model's constants "
+        "fitted on this host), 'smddp-bench step --help' (the FSDP training-step benchmark), "
+        "'smddp-bench render --help' (the docs' tables from benchmark records). Under torchrun "
+        "or any launcher that sets RANK and WORLD_SIZE, smddp-bench runs as one rank and spawns "
+        "nothing.",
         formatter_class=HelpFormatter,
     )
     g = p.add_argument_group("ranks")
-    g.add_argument(
-        "--nproc",
-        type=int,
-        default=None,
-        help="ranks to launch (default: the GPUs of this host, or 4 without GPU)",
-    )
-    g.add_argument(
-        "--nodes",
-        type=int,
-        default=None,
-        help="emulate this many nodes: SMDDP_RANKS_PER_NODE=nproc/nodes in the ranks "
-        "(default: SMDDP_RANKS_PER_NODE if set; else 2 without GPU when nproc is even "
-        "and >= 4; else 1)",
-    )
-    g.add_argument(
-        "--device", choices=("auto", "cpu", "cuda"), default="auto", help="tensor device"
-    )
-    g.add_argument(
-        "--backends",
-        default=None,
-        help="comma list; the first is compared with each other one "
-        "(default: smddp,gloo on CPU, smddp,nccl on GPU); smddp:ring and "
-        "smddp:hierarchical are smddp with that SMDDP_ALGO",
-    )
+    g.add_argument("--nproc", type=int, default=None,
+                   help="ranks to launch (default: the GPUs of this host, or 4 without GPU)")
+    g.add_argument("--nodes", type=int, default=None,
+                   help="emulate this many nodes: SMDDP_RANKS_PER_NODE=nproc/nodes in the ranks "
+                   "(default: SMDDP_RANKS_PER_NODE if set; else 2 without GPU when nproc is even "
+                   "and >= 4; else 1)")
+    g.add_argument("--device", choices=("auto", "cpu", "cuda"), default="auto",
+                   help="tensor device")
+    g.add_argument("--backends", default=None,
+                   help="comma list; the first is compared with each other one (default: "
+                   "smddp,gloo on CPU, smddp,nccl on GPU); smddp:ring and smddp:hierarchical are "
+                   "smddp with that SMDDP_ALGO")
     g = p.add_argument_group("what to run")
-    g.add_argument(
-        "--op",
-        default=",".join(_ops.DEFAULT_OPS),
-        help=f"comma list of {', '.join(_ops.OPS)}, or all",
-    )
-    g.add_argument(
-        "-b", "--minbytes", type=_size_arg, default=None, help=f"smallest size [{DEFAULT_MIN}]"
-    )
-    g.add_argument(
-        "-e", "--maxbytes", type=_size_arg, default=None, help=f"largest size [{DEFAULT_MAX}]"
-    )
-    g.add_argument(
-        "-f", "--stepfactor", type=float, default=None, help=f"size multiplier [{DEFAULT_FACTOR:g}]"
-    )
-    g.add_argument(
-        "-i", "--stepbytes", type=_size_arg, default=None, help="size increment (instead of -f)"
-    )
-    g.add_argument(
-        "--sizes",
-        type=_sizes_arg,
-        default=None,
-        help="comma list of sizes instead of -b/-e/-f, e.g. 1M,16M",
-    )
-    g.add_argument(
-        "-d", "--dtype", default="float32", help=f"comma list of {', '.join(_ops.DTYPES)}"
-    )
+    g.add_argument("--op", default=",".join(_ops.DEFAULT_OPS),
+                   help=f"comma list of {', '.join(_ops.OPS)}, or all")
+    g.add_argument("-b", "--minbytes", type=_arg(parse_size), help=f"smallest size [{DEFAULT_MIN}]")
+    g.add_argument("-e", "--maxbytes", type=_arg(parse_size), help=f"largest size [{DEFAULT_MAX}]")
+    g.add_argument("-f", "--stepfactor", type=float, help=f"size multiplier [{DEFAULT_FACTOR:g}]")
+    g.add_argument("-i", "--stepbytes", type=_arg(parse_size), help="size increment (instead of -f)")
+    g.add_argument("--sizes", type=_arg(parse_size_list),
+                   help="comma list of sizes instead of -b/-e/-f, e.g. 1M,16M")
+    g.add_argument("-d", "--dtype", default="float32",
+                   help=f"comma list of {', '.join(_ops.DTYPES)}")
     g.add_argument("-o", "--redop", default="sum", choices=_ops.REDOPS, help="reduction")
     g.add_argument("-r", "--root", type=int, default=0, help="root of broadcast")
-    g.add_argument(
-        "--inplace",
-        action="store_true",
-        help="in place, as nccl-tests' in-place columns: AllGather's input is the "
-        "rank's block of its output (FSDP2 gathers this way), ReduceScatter's output "
-        "is the rank's block of its input (AllReduce and broadcast are always in place)",
-    )
+    g.add_argument("--inplace", action="store_true",
+                   help="in place, as nccl-tests' in-place columns: AllGather's input is the "
+                   "rank's block of its output (FSDP2 gathers this way), ReduceScatter's output "
+                   "is the rank's block of its input (AllReduce and broadcast are always in place)")
     g = p.add_argument_group("how long")
-    g.add_argument(
-        "-w", "--warmup", type=int, default=2, help="warm-up iterations per backend and size"
-    )
-    g.add_argument(
-        "--block-warmup",
-        type=int,
-        default=3,
-        help="untimed calls at the start of every timed block, so that neither backend's "
-        "time includes re-warming what the other's block evicted; they come on top of "
-        "--time-per-point (0: none, a block's first calls are timed)",
-    )
+    g.add_argument("--timing", choices=timing.POLICIES, default=timing.BACK_TO_BACK,
+                   help="back-to-back: each block's calls after one barrier (nccl-tests); "
+                   "barrier-each: a barrier before every call, each call a sample")
+    g.add_argument("-w", "--warmup", type=int, default=2,
+                   help="warm-up calls per backend and size")
+    g.add_argument("--block-warmup", type=int, default=3,
+                   help="untimed calls at the start of every timed block, so that neither "
+                   "backend's time includes re-warming what the other's block evicted; they come "
+                   "on top of --time-per-point (0: none, a block's first calls are timed)")
     how = g.add_mutually_exclusive_group()
-    how.add_argument(
-        "-n", "--iters", type=int, default=None, help="timed iterations per backend and size"
-    )
-    how.add_argument(
-        "--time-per-point",
-        type=float,
-        default=None,
-        help="seconds per backend and size, instead of -n [0.3]",
-    )
-    g.add_argument(
-        "--min-iters", type=int, default=5, help="with a time budget: at least this many iterations"
-    )
-    g.add_argument(
-        "--max-iters",
-        type=int,
-        default=20000,
-        help="with a time budget: at most this many iterations",
-    )
-    g.add_argument(
-        "--rounds",
-        type=int,
-        default=4,
-        help="blocks each backend's iterations are split into, alternating between backends",
-    )
-    g.add_argument(
-        "--timeout",
-        type=float,
-        default=1800.0,
-        help="seconds the whole run may take before it is killed",
-    )
-    g.add_argument(
-        "--pg-timeout", type=float, default=120.0, help="seconds one collective may take"
-    )
+    how.add_argument("-n", "--iters", type=int, default=None,
+                     help="timed calls per backend and size")
+    how.add_argument("--time-per-point", type=float, default=None,
+                     help="seconds per backend and size, instead of -n [0.3]")
+    g.add_argument("--min-iters", type=int, default=5,
+                   help="with a time budget: at least this many calls")
+    g.add_argument("--max-iters", type=int, default=20000,
+                   help="with a time budget: at most this many calls")
+    g.add_argument("--rounds", type=int, default=4,
+                   help="blocks each backend's calls are split into, alternating between backends")
+    g.add_argument("--timeout", type=float, default=1800.0,
+                   help="seconds the whole run may take before it is killed")
+    g.add_argument("--pg-timeout", type=float, default=120.0,
+                   help="seconds one collective may take")
     g = p.add_argument_group("output")
     g.add_argument("--json", default=DEFAULT_JSON, help="JSON record of every sample")
     g.add_argument("--plot", default=DEFAULT_PLOT, help="PNG plot of busbw against size")
@@ -246,12 +161,8 @@ def build_parser() -> argparse.ArgumentParser:
     return p
 
 
-def resolve(
-    ns: argparse.Namespace,
-    parser: argparse.ArgumentParser,
-    argv: list[str],
-    external_world: int | None = None,
-) -> tuple[SweepSettings, int, int | None]:
+def resolve(ns: argparse.Namespace, parser: argparse.ArgumentParser, argv: list[str],
+            external_world: int | None = None) -> tuple[SweepSettings, int, int | None]:  # fmt: skip
     """Checks the arguments; returns the settings, the world size and the
     ranks per node to emulate (None: leave SMDDP_RANKS_PER_NODE alone)."""
     gpus = _gpu_count()
@@ -259,40 +170,26 @@ def resolve(
     if device == "cuda" and not gpus:
         parser.error("--device cuda: this host has no usable CUDA GPU")
     try:
-        ops = parse_ops(ns.op)
-        dtypes = parse_dtypes(ns.dtype)
+        ops, dtypes = parse_ops(ns.op), parse_dtypes(ns.dtype)
         backends = parse_backends(
             ns.backends or ("smddp,nccl" if device == "cuda" else "smddp,gloo"), device
         )
+        ranged = [ns.minbytes, ns.maxbytes, ns.stepfactor, ns.stepbytes]
+        if ns.sizes is not None and any(v is not None for v in ranged):
+            raise ValueError("give either --sizes or -b/-e/-f/-i, not both")
+        given = lambda value, default: default if value is None else value  # noqa: E731
+        sizes = ns.sizes or size_range(
+            given(ns.minbytes, parse_size(DEFAULT_MIN)), given(ns.maxbytes, parse_size(DEFAULT_MAX)),
+            given(ns.stepfactor, DEFAULT_FACTOR), ns.stepbytes or 0,
+        )  # fmt: skip
     except ValueError as e:
         parser.error(str(e))
-
-    ranged = any(v is not None for v in (ns.minbytes, ns.maxbytes, ns.stepfactor, ns.stepbytes))
-    if ns.sizes is not None and ranged:
-        parser.error("give either --sizes or -b/-e/-f/-i, not both")
-    if ns.sizes is not None:
-        sizes = list(ns.sizes)
-    else:
-        try:
-            sizes = size_range(
-                ns.minbytes if ns.minbytes is not None else parse_size(DEFAULT_MIN),
-                ns.maxbytes if ns.maxbytes is not None else parse_size(DEFAULT_MAX),
-                ns.stepfactor if ns.stepfactor is not None else DEFAULT_FACTOR,
-                ns.stepbytes or 0,
-            )
-        except ValueError as e:
-            parser.error(str(e))
-
-    if external_world is not None:
-        if ns.nproc is not None and ns.nproc != external_world:
-            parser.error(
-                f"--nproc {ns.nproc} disagrees with WORLD_SIZE={external_world} set by the launcher"
-            )
-        world = external_world
-    else:
-        world = ns.nproc if ns.nproc is not None else (gpus if device == "cuda" else 4)
-    if world < 1:
-        parser.error(f"--nproc must be at least 1, got {world}")
+    if external_world is not None and ns.nproc not in (None, external_world):
+        parser.error(f"--nproc {ns.nproc} disagrees with WORLD_SIZE={external_world} set by the "
+                     "launcher")  # fmt: skip
+    world = external_world or ns.nproc or (gpus if device == "cuda" else 4)
+    if ns.nproc is not None and ns.nproc < 1:
+        parser.error(f"--nproc must be at least 1, got {ns.nproc}")
     rpn: int | None = None
     if ns.nodes is not None:
         if ns.nodes < 1 or world % ns.nodes:
@@ -313,30 +210,16 @@ def resolve(
         parser.error("--min-iters is above --max-iters")
     if ns.timeout <= 0 or ns.pg_timeout <= 0:
         parser.error("timeouts must be positive")
-
+    how = timing.Timing(ns.timing, ns.warmup, ns.block_warmup, ns.iters, ns.time_per_point or 0.3,
+                        ns.min_iters, ns.max_iters, ns.rounds)  # fmt: skip
     settings = SweepSettings(
-        ops=ops,
-        dtypes=dtypes,
-        sizes=tuple(sizes),
-        redop=ns.redop,
-        root=ns.root,
-        inplace=ns.inplace,
-        backends=backends,
-        device=device,
-        warmup=ns.warmup,
-        block_warmup=ns.block_warmup,
-        iters=ns.iters,
-        time_per_point=ns.time_per_point if ns.time_per_point is not None else 0.3,
-        min_iters=ns.min_iters,
-        max_iters=ns.max_iters,
-        rounds=ns.rounds,
-        pg_timeout=ns.pg_timeout,
-        json_path=None if ns.no_save else (ns.json or None),
-        plot_path=None if ns.no_save else (ns.plot or None),
-        progress=not ns.no_progress,
+        ops=ops, dtypes=dtypes, sizes=tuple(sizes), redop=ns.redop, root=ns.root,
+        inplace=ns.inplace, backends=backends, device=device, timing=how,
+        pg_timeout=ns.pg_timeout, json_path=None if ns.no_save else (ns.json or None),
+        plot_path=None if ns.no_save else (ns.plot or None), progress=not ns.no_progress,
         launcher="external" if external_world is not None else "spawn",
         argv=["smddp-bench", *argv],
-    )
+    )  # fmt: skip
     return settings, world, rpn
 
 
@@ -347,62 +230,44 @@ def parse_run_args(argv: list[str]) -> tuple[SweepSettings, int, int | None]:
     return resolve(parser.parse_args(argv), parser, argv)
 
 
-def _describe(settings: SweepSettings, world: int, rpn: int | None) -> str:
+def describe(s: SweepSettings, world: int, rpn: int | None) -> str:
+    """The header of a run: what runs where, and how it is timed."""
     rpn = rpn or int(os.environ.get("SMDDP_RANKS_PER_NODE") or 0) or None
     nodes = -(-world // rpn) if rpn else None
     shape = f"{world} ranks" + (f" = {nodes} nodes x {rpn}" if nodes and nodes > 1 else "")
-    sizes = settings.sizes
-    span = (
-        format_size(sizes[0])
-        if len(sizes) == 1
-        else f"{format_size(sizes[0])}..{format_size(sizes[-1])} ({len(sizes)} sizes)"
-    )
-    per_point = (
-        f"{settings.iters} timed calls"
-        if settings.iters is not None
-        else f"{settings.time_per_point:g} s of timed calls"
-    )
-    return (
-        f"# smddp-bench: {shape} on {settings.device}; {' vs '.join(settings.backends)}; "
-        f"{', '.join(settings.ops)}; {', '.join(settings.dtypes)}; {span}\n"
-        f"# per backend and size: {settings.warmup} warm-up calls, then {per_point} in "
-        f"{settings.rounds} blocks that alternate between the backends, each after "
-        f"{settings.block_warmup} untimed calls; time = median over blocks of the slowest "
-        "rank's time per call"
-    )
+    span = (format_size(s.sizes[0]) if len(s.sizes) == 1 else
+            f"{format_size(s.sizes[0])}..{format_size(s.sizes[-1])} ({len(s.sizes)} sizes)")
+    facts = "".join(f"\n# {k}: {v}" for k, v in s.facts.items())
+    return (f"# smddp-bench: {shape} on {s.device}; {' vs '.join(s.backends)}; "
+            f"{', '.join(s.ops)}; {', '.join(s.dtypes)}; {span}{facts}\n# {s.timing.describe()}")
 
 
 def run(argv: list[str]) -> int:
     """The benchmark sweep (the default command)."""
+    from smddp.bench import sweep
+
     parser = build_parser()
     ns = parser.parse_args(argv)
     if launch.launched_externally():
-        world = int(os.environ["WORLD_SIZE"])
-        settings, world, rpn = resolve(ns, parser, argv, external_world=world)
+        settings, world, rpn = resolve(ns, parser, argv, int(os.environ["WORLD_SIZE"]))
         if not os.environ.get("MASTER_ADDR") or not os.environ.get("MASTER_PORT"):
-            parser.error(
-                "RANK and WORLD_SIZE are set but MASTER_ADDR/MASTER_PORT are not: "
-                "start smddp-bench with torchrun, or unset RANK to let it spawn its ranks"
-            )
+            parser.error("RANK and WORLD_SIZE are set but MASTER_ADDR/MASTER_PORT are not: "
+                         "start smddp-bench with torchrun, or unset RANK to let it spawn its ranks")
         if rpn is not None:
             os.environ["SMDDP_RANKS_PER_NODE"] = str(rpn)
-        from smddp.bench import sweep
-
-        rank = int(os.environ["RANK"])
         local_rank = int(os.environ.get("LOCAL_RANK", "0"))
-        return sweep.run_rank(
-            settings, rank=rank, world=world, init_method="env://", local_rank=local_rank
-        )
+        return sweep.run_rank(settings, int(os.environ["RANK"]), world, "env://", local_rank)
 
     settings, world, rpn = resolve(ns, parser, argv)
-    env: dict[str, str] = {}
-    if rpn is not None:
-        env["SMDDP_RANKS_PER_NODE"] = str(rpn)
-    print(_describe(settings, world, rpn), flush=True)
-    from smddp.bench import sweep
-
+    print(describe(settings, world, rpn), flush=True)
     started = time.monotonic()
-    code = launch.spawn(sweep.run_rank, world, (settings,), env, ns.timeout)
+    # Another way of starting the ranks (one torchrun per emulated host) adds
+    # commands to the same Ranks instead: they run `python -m smddp.bench ARGV`
+    # and find RANK and WORLD_SIZE set.
+    with launch.Ranks("smddp-bench") as ranks:
+        ranks.spawn(sweep.run_rank, world, (settings,),
+                    {"SMDDP_RANKS_PER_NODE": str(rpn)} if rpn is not None else {})  # fmt: skip
+        code = ranks.wait(ns.timeout)
     print(f"# wall time: {time.monotonic() - started:.1f} s", flush=True)
     return code
 
@@ -413,11 +278,8 @@ def _step(argv: list[str]) -> int:
     except ModuleNotFoundError as e:
         if e.name != "smddp.bench.step":
             raise
-        print(
-            "smddp-bench step: the FSDP step benchmark is not available in this installation "
-            "(the module smddp.bench.step is missing)",
-            file=sys.stderr,
-        )
+        print("smddp-bench step: the FSDP step benchmark is not available in this installation "
+              "(the module smddp.bench.step is missing)", file=sys.stderr)  # fmt: skip
         return 2
     return int(step.main(argv) or 0)
 
@@ -425,12 +287,19 @@ def _step(argv: list[str]) -> int:
 def main(argv: list[str] | None = None) -> int:
     """Entry point of ``smddp-bench`` and ``python -m smddp.bench``."""
     args = list(sys.argv[1:] if argv is None else argv)
-    if args and args[0] == "model":
+    command = args[0] if args else ""
+    if command == "model":
         from smddp.bench import model
 
         return model.main(args[1:])
-    if args and args[0] == "step":
+    if command == "calibrate":
+        from smddp.bench import model
+
+        return model.main(args[1:], prog="smddp-bench calibrate", calibrate=True)
+    if command == "step":
         return _step(args[1:])
-    if args and args[0] == "run":
-        args = args[1:]
-    return run(args)
+    if command == "render":
+        from smddp.bench import render
+
+        return render.main(args[1:])
+    return run(args[1:] if command == "run" else args)

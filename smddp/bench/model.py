@@ -1,52 +1,27 @@
 """The cost model: NCCL's flat ring against smddp's hierarchical schedule.
 
-An alpha-beta model: a step that moves m bytes over a link of bandwidth B
-costs alpha + m/B. Notation: N nodes of G GPUs, P = N*G ranks, S the
-nccl-tests size of the collective (AllGather output, ReduceScatter input,
-AllReduce buffer), m = S/P the block of one rank. Bandwidths are per GPU and
-per direction: B_nv over NVSwitch, B_net = the node's effective network
-bandwidth, B_share = B_net/G the NIC share of one GPU.
-
-Flat ring (NCCL's AllGather/ReduceScatter across nodes): P-1 steps of m bytes.
-NCCL runs C rings (channels) side by side; each crosses every node boundary
-once, through the NIC share of one GPU, so a step is limited by the slowest
-link, min(B_nv, min(C, G) * B_share). Its latency, as in NCCL's own tuning
-model, is alpha_intra for the P-N steps inside a node and alpha_inter for the
-N-1 steps across nodes:
-
-    T_ring = (P-N)*a_intra + (N-1)*a_inter + (P-1)*m / min(B_nv, min(C,G)*B_share)
-
-smddp (AllGather): the rail stage first, a ring over the N GPUs of the same
-local rank, each over its own NIC share; then the node stage, a ring over the
-G GPUs of a node over NVSwitch, each step carrying N blocks:
-
-    T_rail = (N-1)*a_inter + (N-1)*m / B_share
-    T_node = (G-1)*a_intra + (G-1)*N*m / B_nv
-
-The two stages are pipelined in k = ceil((S/G) / chunk) chunks, so the slower
-stage runs all the time and the faster one adds its latency and one chunk's
-transfer (the pipeline fill):
-
-    T_hier = max(T_rail, T_node) + a_other + W_other / k
-
-where a_other and W_other are the latency and transfer parts of the faster
-stage. ReduceScatter is the mirror image (node stage first) with the same
-cost; AllReduce = ReduceScatter + AllGather for both schedules. With one node
-or one GPU per node the two schedules are the same ring and cost the same.
+An alpha-beta model (a step that moves m bytes over a link of bandwidth B
+costs alpha + m/B) of N nodes of G GPUs: the flat ring's P-1 steps over the
+slowest link, against smddp's rail stage (each GPU over its own NIC share)
+and node stage (over NVSwitch), pipelined in chunks. bench/README.md ("Cost
+model") gives the formulas and the source of every preset's constant.
+Torch-free.
 """
 
 from __future__ import annotations
 
 import argparse
-import json
 import math
-import os
 import sys
 from dataclasses import asdict, dataclass, replace
 from typing import Any, Sequence
 
+import numpy as np
+
 from smddp.bench import ops as _ops
-from smddp.bench.units import HelpFormatter, format_size, parse_size, parse_size_list, size_range
+from smddp.bench import record, views
+from smddp.bench.units import HelpFormatter, choose, format_size, parse_size, parse_size_list
+from smddp.bench.units import size_range
 
 MODEL_OPS = ("all_gather", "reduce_scatter", "all_reduce")
 
@@ -86,27 +61,13 @@ class Machine:
 
 # Sources in bench/README.md ("Cost model").
 PRESETS: dict[str, Machine] = {
-    "p4d": Machine(
-        name="p4d.24xlarge (8 A100, NVSwitch, 4 x 100 Gb/s EFA)",
-        gpus_per_node=8,
-        nvlink_gbs=300.0,
-        nics=4,
-        nic_gbps=100.0,
-        net_efficiency=0.85,
-        alpha_intra_us=3.4,
-        alpha_inter_us=14.0,
-    ),
-    "p5": Machine(
-        name="p5.48xlarge (8 H100, NVSwitch, 32 x 100 Gb/s EFA)",
-        gpus_per_node=8,
-        nvlink_gbs=450.0,
-        nics=32,
-        nic_gbps=100.0,
-        net_efficiency=0.85,
-        alpha_intra_us=3.4,
-        alpha_inter_us=14.0,
-    ),
-}
+    "p4d": Machine("p4d.24xlarge (8 A100, NVSwitch, 4 x 100 Gb/s EFA)", gpus_per_node=8,
+                   nvlink_gbs=300.0, nics=4, nic_gbps=100.0, net_efficiency=0.85,
+                   alpha_intra_us=3.4, alpha_inter_us=14.0),
+    "p5": Machine("p5.48xlarge (8 H100, NVSwitch, 32 x 100 Gb/s EFA)", gpus_per_node=8,
+                  nvlink_gbs=450.0, nics=32, nic_gbps=100.0, net_efficiency=0.85,
+                  alpha_intra_us=3.4, alpha_inter_us=14.0),
+}  # fmt: skip
 
 
 def _check(op: str, nodes: int, m: Machine) -> None:
@@ -157,15 +118,13 @@ def _hier_one_way(size: float, nodes: int, m: Machine) -> float:
 def ring_time(op: str, size: float, nodes: int, m: Machine) -> float:
     """Seconds of the flat ring for ``op`` on ``size`` bytes (nccl-tests size)."""
     _check(op, nodes, m)
-    t = _ring_one_way(size, nodes, m)
-    return 2 * t if op == "all_reduce" else t
+    return _ring_one_way(size, nodes, m) * (2 if op == "all_reduce" else 1)
 
 
 def hierarchical_time(op: str, size: float, nodes: int, m: Machine) -> float:
     """Seconds of smddp's rail-aligned, pipelined schedule."""
     _check(op, nodes, m)
-    t = _hier_one_way(size, nodes, m)
-    return 2 * t if op == "all_reduce" else t
+    return _hier_one_way(size, nodes, m) * (2 if op == "all_reduce" else 1)
 
 
 @dataclass(frozen=True)
@@ -184,15 +143,9 @@ class Estimate:
 def estimate(op: str, size: int, nodes: int, m: Machine) -> Estimate:
     """Both schedules for one point."""
     p = nodes * m.gpus_per_node
-    ring = ring_time(op, size, nodes, m)
-    hier = hierarchical_time(op, size, nodes, m)
-
-    def busbw(t: float) -> float:
-        return _ops.busbw_gbs(op, size, t, p) if t > 0 else 0.0
-
-    return Estimate(
-        op, nodes, p, size, ring, hier, busbw(ring), busbw(hier), ring / hier if hier > 0 else 1.0
-    )
+    ring, hier = ring_time(op, size, nodes, m), hierarchical_time(op, size, nodes, m)
+    busbw = [_ops.busbw_gbs(op, size, t, p) if t > 0 else 0.0 for t in (ring, hier)]
+    return Estimate(op, nodes, p, size, ring, hier, *busbw, ring / hier if hier > 0 else 1.0)
 
 
 def fit_alpha_beta(nbytes: Sequence[float], seconds: Sequence[float]) -> tuple[float, float]:
@@ -202,8 +155,6 @@ def fit_alpha_beta(nbytes: Sequence[float], seconds: Sequence[float]) -> tuple[f
     count as much as the large ones (which fix beta). Returns (alpha in
     seconds, beta in bytes/s); beta is inf when time does not grow with size.
     """
-    import numpy as np
-
     x = np.asarray(nbytes, dtype=np.float64)
     t = np.asarray(seconds, dtype=np.float64)
     if x.shape != t.shape or x.size < 2 or np.any(t <= 0):
@@ -220,94 +171,63 @@ def fit_alpha_beta(nbytes: Sequence[float], seconds: Sequence[float]) -> tuple[f
 
 # -- the command ---------------------------------------------------------------
 
+_CONSTANTS = ("gpus_per_node", "nvlink_gbs", "nics", "nic_gbps", "net_efficiency", "node_gbps",
+              "alpha_intra_us", "alpha_inter_us", "ring_channels")  # fmt: skip
 
-def build_parser() -> argparse.ArgumentParser:
+
+def build_parser(prog: str = "smddp-bench model") -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
-        prog="smddp-bench model",
+        prog=prog,
         description="Alpha-beta model of NCCL's flat ring and of smddp's hierarchical schedule "
-        "(AllGather, ReduceScatter, AllReduce) on multi-node GPU machines; with --calibrate, "
-        "fit the constants of this host's transports and compare with measurements.",
+        "(AllGather, ReduceScatter, AllReduce) on multi-node GPU machines; with --calibrate "
+        "(smddp-bench calibrate), fit the constants of this host's transports and compare "
+        "with measurements.",
         formatter_class=HelpFormatter,
     )
     p.add_argument("--preset", choices=sorted(PRESETS), default="p4d", help="machine")
     p.add_argument("--nodes", default="16,128", help="comma list of node counts")
-    p.add_argument(
-        "--sizes", default=None, help="comma list of sizes (nccl-tests definition) [64M,256M]"
-    )
-    p.add_argument("-b", "--minbytes", default=None, help="smallest size, instead of --sizes")
-    p.add_argument("-e", "--maxbytes", default=None, help="largest size")
+    p.add_argument("--sizes", help="comma list of sizes (nccl-tests definition) [64M,256M]")
+    p.add_argument("-b", "--minbytes", help="smallest size, instead of --sizes")
+    p.add_argument("-e", "--maxbytes", help="largest size")
     p.add_argument("-f", "--stepfactor", type=float, default=2.0, help="size multiplier")
-    p.add_argument(
-        "--op", default=",".join(MODEL_OPS), help=f"comma list of {', '.join(MODEL_OPS)}"
-    )
+    p.add_argument("--op", default=",".join(MODEL_OPS), help=f"comma list of {', '.join(MODEL_OPS)}")
     g = p.add_argument_group("constants (override the preset)")
     g.add_argument("--gpus-per-node", type=int)
     g.add_argument("--nvlink-gbs", type=float, help="GB/s per GPU per direction inside a node")
     g.add_argument("--nics", type=int, help="NICs per node")
     g.add_argument("--nic-gbps", type=float, help="line rate of one NIC, Gb/s")
     g.add_argument("--net-efficiency", type=float, help="achieved fraction of the NICs' line rate")
-    g.add_argument(
-        "--node-gbps",
-        type=float,
-        help="effective network Gb/s of a node (instead of nics x rate x efficiency)",
-    )
+    g.add_argument("--node-gbps", type=float,
+                   help="effective network Gb/s of a node (instead of nics x rate x efficiency)")
     g.add_argument("--alpha-intra-us", type=float, help="latency of a ring step inside a node, us")
     g.add_argument("--alpha-inter-us", type=float, help="latency of a ring step across nodes, us")
-    g.add_argument(
-        "--ring-channels",
-        type=int,
-        help="rings the flat ring runs side by side (default: GPUs per node)",
-    )
-    g.add_argument("--chunk", default=None, help="smddp's pipeline chunk [1M]")
+    g.add_argument("--ring-channels", type=int,
+                   help="rings the flat ring runs side by side (default: GPUs per node)")
+    g.add_argument("--chunk", help="smddp's pipeline chunk [1M]")
     g = p.add_argument_group("calibration on this host")
-    g.add_argument(
-        "--calibrate",
-        action="store_true",
-        help="measure smddp here, fit alpha and beta of shared memory (inside a node) and of "
-        "sockets (between emulated nodes), and print the model next to the measurements",
-    )
+    g.add_argument("--calibrate", action="store_true",
+                   help="measure smddp here, fit alpha and beta of shared memory (inside a node) "
+                   "and of sockets (between emulated nodes), and print the model next to the "
+                   "measurements")
     g.add_argument("--nproc", type=int, default=4, help="ranks for --calibrate")
-    g.add_argument(
-        "--emulated-nodes", type=int, default=2, help="emulated nodes for --calibrate (at least 2)"
-    )
-    g.add_argument(
-        "--calibrate-sizes", default="4K,16K,64K,256K,1M,4M,16M", help="sizes for --calibrate"
-    )
-    g.add_argument(
-        "-n", "--iters", type=int, default=10, help="timed iterations per size for --calibrate"
-    )
+    g.add_argument("--emulated-nodes", type=int, default=2,
+                   help="emulated nodes for --calibrate (at least 2)")
+    g.add_argument("--calibrate-sizes", default="4K,16K,64K,256K,1M,4M,16M",
+                   help="sizes for --calibrate")
+    g.add_argument("-n", "--iters", type=int, default=10,
+                   help="timed calls per size for --calibrate")
     g.add_argument("--timeout", type=float, default=900.0, help="seconds --calibrate may take")
-    p.add_argument(
-        "--json", default=None, help="write the estimates (and calibration) to this file"
-    )
+    p.add_argument("--json", help="write the estimates (or the calibration) to this file")
     return p
 
 
 def machine_from_args(ns: argparse.Namespace) -> Machine:
-    m = PRESETS[ns.preset]
-    overrides: dict[str, Any] = {}
-    for field_name in (
-        "gpus_per_node",
-        "nvlink_gbs",
-        "nics",
-        "nic_gbps",
-        "net_efficiency",
-        "node_gbps",
-        "alpha_intra_us",
-        "alpha_inter_us",
-        "ring_channels",
-    ):
-        value = getattr(ns, field_name)
-        if value is not None:
-            overrides[field_name] = value
+    overrides: dict[str, Any] = {k: getattr(ns, k) for k in _CONSTANTS if getattr(ns, k) is not None}
     if ns.chunk is not None:
         overrides["chunk_bytes"] = parse_size(ns.chunk)
-    m = replace(m, **overrides)
-    for what, value in (
-        ("--gpus-per-node", m.gpus_per_node),
-        ("--nics", m.nics),
-        ("--chunk", m.chunk_bytes),
-    ):
+    m = replace(PRESETS[ns.preset], **overrides)
+    for what, value in (("--gpus-per-node", m.gpus_per_node), ("--nics", m.nics),
+                        ("--chunk", m.chunk_bytes)):  # fmt: skip
         if value < 1:
             raise ValueError(f"{what} must be at least 1")
     for what, value in (("--nvlink-gbs", m.nvlink_gbs), ("network bandwidth", m.node_net_gbps)):
@@ -322,56 +242,29 @@ def describe(m: Machine) -> str:
     if m.node_gbps:
         net = f"{m.node_net_gbps:.4g} Gb/s per node (given)"
     else:
-        net = (
-            f"{m.nics} x {m.nic_gbps:.4g} Gb/s x {m.net_efficiency:.4g} "
-            f"= {m.node_net_gbps:.4g} Gb/s per node"
-        )
-    return "\n".join(
-        [
-            f"# {m.name}: {m.gpus_per_node} GPUs per node",
-            f"#   in a node  {m.nvlink_gbs:.4g} GB/s per GPU per direction",
-            f"#   network    {net} = {m.node_net_gbs:.4g} GB/s; "
-            f"NIC share per GPU {m.nic_share_gbs:.4g} GB/s",
-            f"#   alpha      {m.alpha_intra_us:.4g} us per ring step inside a node, "
-            f"{m.alpha_inter_us:.4g} us across nodes",
-            f"#   flat ring  {m.channels} rings side by side; "
-            f"smddp pipeline chunk {format_size(m.chunk_bytes)}",
-        ]
-    )
-
-
-_COLUMNS = "#{:>15} {:>6} {:>6} {:>7} | {:>11} {:>8} | {:>11} {:>8} | {:>6}"
-_ROW = " {:>15} {:>6} {:>6} {:>7} | {:>11.1f} {:>8.2f} | {:>11.1f} {:>8.2f} | {:>6.2f}"
+        net = (f"{m.nics} x {m.nic_gbps:.4g} Gb/s x {m.net_efficiency:.4g} "
+               f"= {m.node_net_gbps:.4g} Gb/s per node")  # fmt: skip
+    return "\n".join([
+        f"# {m.name}: {m.gpus_per_node} GPUs per node",
+        f"#   in a node  {m.nvlink_gbs:.4g} GB/s per GPU per direction",
+        f"#   network    {net} = {m.node_net_gbs:.4g} GB/s; "
+        f"NIC share per GPU {m.nic_share_gbs:.4g} GB/s",
+        f"#   alpha      {m.alpha_intra_us:.4g} us per ring step inside a node, "
+        f"{m.alpha_inter_us:.4g} us across nodes",
+        f"#   flat ring  {m.channels} rings side by side; "
+        f"smddp pipeline chunk {format_size(m.chunk_bytes)}",
+    ])  # fmt: skip
 
 
 def format_table(estimates: Sequence[Estimate]) -> str:
-    lines = [
-        "#" + " " * 38 + f"| {'flat ring':^20} | {'smddp':^20} |",
-        _COLUMNS.format("op", "nodes", "GPUs", "size", "time", "busbw", "time", "busbw", "ratio"),
-        _COLUMNS.format("", "", "", "(B)", "(us)", "(GB/s)", "(us)", "(GB/s)", ""),
-    ]
-    for e in estimates:
-        lines.append(
-            _ROW.format(
-                e.op,
-                e.nodes,
-                e.gpus,
-                format_size(e.size_bytes),
-                e.ring_s * 1e6,
-                e.ring_busbw_gbs,
-                e.hier_s * 1e6,
-                e.hier_busbw_gbs,
-                e.ratio,
-            )
-        )
-    lines.append("# ratio = flat-ring time / smddp time (= smddp busbw / flat-ring busbw)")
-    return "\n".join(lines)
+    return views.model_table([asdict(e) for e in estimates])
 
 
-def main(argv: list[str]) -> int:
-    """``smddp-bench model``."""
-    parser = build_parser()
+def main(argv: list[str], prog: str = "smddp-bench model", calibrate: bool = False) -> int:
+    """``smddp-bench model`` (and ``smddp-bench calibrate``)."""
+    parser = build_parser(prog)
     ns = parser.parse_args(argv)
+    ns.calibrate = ns.calibrate or calibrate
     try:
         m = machine_from_args(ns)
         nodes = [int(x) for x in ns.nodes.split(",") if x.strip()]
@@ -384,38 +277,21 @@ def main(argv: list[str]) -> int:
             sizes = size_range(lo, parse_size(ns.maxbytes or ns.minbytes), ns.stepfactor)
         else:
             sizes = parse_size_list(ns.sizes or "64M,256M")
-        op_names = [o.strip() for o in ns.op.split(",") if o.strip()]
-        for o in op_names:
-            if o not in MODEL_OPS:
-                raise ValueError(
-                    f"unknown op {o!r} for the model (choose from {', '.join(MODEL_OPS)})"
-                )
+        op_names = choose(ns.op, MODEL_OPS, "op for the model")
     except ValueError as e:
         parser.error(str(e))
-
     if ns.calibrate:
         from smddp.bench import calibrate
 
-        return calibrate.main(ns)
-
+        return calibrate.main(ns, [*prog.split(), *argv])
     estimates = [estimate(o, s, n, m) for o in op_names for n in nodes for s in sizes]
     print(f"# smddp-bench model: preset {ns.preset}")
     print(describe(m))
     print("#")
     print(format_table(estimates))
     if ns.json:
-        os.makedirs(os.path.dirname(os.path.abspath(ns.json)), exist_ok=True)
-        with open(ns.json, "w") as f:
-            json.dump(
-                {
-                    "schema": "smddp-bench-model/1",
-                    "preset": ns.preset,
-                    "machine": asdict(m),
-                    "estimates": [asdict(e) for e in estimates],
-                },
-                f,
-                indent=1,
-            )
-            f.write("\n")
+        rec = record.new("model", [*prog.split(), *argv], vars(ns), preset=ns.preset,
+                         constants=asdict(m), results=[asdict(e) for e in estimates])  # fmt: skip
+        record.write(rec, ns.json)
         print(f"# written: {ns.json}", file=sys.stderr)
     return 0

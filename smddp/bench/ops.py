@@ -1,31 +1,24 @@
-"""The benchmarked collectives: nccl-tests' size and bandwidth definitions,
-deterministic inputs and the independently computed expected results.
+"""The benchmarked collectives: nccl-tests' size and bandwidth definitions, the
+one input generator and the one oracle every benchmark here checks with.
 
-Sizes follow nccl-tests (src/common.cu prints ``max(sendBytes, recvBytes)``;
-each test's ``GetCollByteCount`` splits it):
+A requested size S on n ranks of e-byte elements gives a count c = S // (n*e)
+per rank for AllGather and ReduceScatter (size column: n*c*e, the larger
+buffer, as nccl-tests' ``max(sendBytes, recvBytes)``), c = S // e for
+AllReduce and Broadcast; busbw = algbw * (n-1)/n, * 2(n-1)/n for AllReduce, *
+1 for Broadcast (nccl-tests doc/PERFORMANCE.md; bench/README.md has the table).
 
-=============== ====================== ================== =====================
-op              size column            count column       buffers per rank
-=============== ====================== ================== =====================
-all_gather      output bytes (n*c*e)   c per rank         in c, out n*c
-reduce_scatter  input bytes (n*c*e)    c per rank         in n*c, out c
-all_reduce      buffer bytes (c*e)     c                  one buffer of c
-broadcast       buffer bytes (c*e)     c                  one buffer of c
-=============== ====================== ================== =====================
-
-where a requested size S gives ``c = S // (n*e)`` (AllGather, ReduceScatter)
-or ``c = S // e``, n is the world size and e the element size. algbw = size /
-time; busbw = algbw * (n-1)/n for AllGather and ReduceScatter, algbw *
-2(n-1)/n for AllReduce, algbw for Broadcast (nccl-tests doc/PERFORMANCE.md).
-
-The inputs are small integers, so sums, products, minima and maxima are exact
-in every dtype at the world sizes a benchmark uses, and a result can be
-compared with the expected value exactly; only AVG needs a tolerance.
+The inputs are small integers with a prime period, so sums, products, minima
+and maxima are exact in every dtype at the world sizes a benchmark uses, and
+a block misplaced by any power-of-two offset lands on different values. The
+oracle compares one period-aligned block at a time against values computed
+from the input formula alone (never through a collective); only floating
+SUM/AVG get a tolerance. Torch-free: numpy only.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any, Callable
 
 import numpy as np
 
@@ -47,7 +40,6 @@ OPS: dict[str, OpSpec] = {
     "broadcast": OpSpec("broadcast", "Broadcast", False, True),
 }
 DEFAULT_OPS = ("all_gather", "reduce_scatter", "all_reduce")
-
 REDOPS = ("sum", "prod", "min", "max", "avg")
 
 # name -> (element size, whether floating point); aliases map to these names.
@@ -58,32 +50,15 @@ DTYPES: dict[str, tuple[int, bool]] = {
     "bfloat16": (2, True),
     "int32": (4, False),
     "int64": (8, False),
+    "uint8": (1, False),
 }
 DTYPE_ALIASES = {
-    "float": "float32",
-    "fp32": "float32",
-    "f32": "float32",
-    "double": "float64",
-    "fp64": "float64",
-    "f64": "float64",
-    "half": "float16",
-    "fp16": "float16",
-    "f16": "float16",
-    "bf16": "bfloat16",
-    "int": "int32",
-    "long": "int64",
-}
+    "float": "float32", "fp32": "float32", "f32": "float32", "double": "float64",
+    "fp64": "float64", "f64": "float64", "half": "float16", "fp16": "float16",
+    "f16": "float16", "bf16": "bfloat16", "int": "int32", "long": "int64",
+}  # fmt: skip
 # Unit roundoff of each floating dtype: the AVG check allows a few of them.
 EPS = {"float32": 2.0**-24, "float64": 2.0**-53, "float16": 2.0**-11, "bfloat16": 2.0**-8}
-
-
-def canonical_dtype(name: str) -> str:
-    """``"bf16"`` -> ``"bfloat16"``; ValueError for a dtype the benchmark lacks."""
-    key = name.strip().lower()
-    key = DTYPE_ALIASES.get(key, key)
-    if key not in DTYPES:
-        raise ValueError(f"unknown dtype {name!r} (choose from {', '.join(DTYPES)})")
-    return key
 
 
 @dataclass(frozen=True)
@@ -96,35 +71,34 @@ class Geometry:
     out_numel: int  # elements of this rank's output
 
 
-def geometry(op: str, nbytes: int, elem_size: int, world: int) -> Geometry | None:
-    """The buffers for a requested size; None when it rounds to no element."""
-    if op in ("all_gather", "reduce_scatter"):
-        c = nbytes // (elem_size * world)
-        if c == 0:
-            return None
-        size = c * world * elem_size
-        if op == "all_gather":
-            return Geometry(c, size, c, c * world)
-        return Geometry(c, size, c * world, c)
+def of_count(op: str, c: int, elem_size: int, world: int) -> Geometry:
+    """The buffers of ``op`` with ``c`` in its count column."""
+    if op == "all_gather":
+        return Geometry(c, c * world * elem_size, c, c * world)
+    if op == "reduce_scatter":
+        return Geometry(c, c * world * elem_size, c * world, c)
     if op in ("all_reduce", "broadcast"):
-        c = nbytes // elem_size
-        if c == 0:
-            return None
         return Geometry(c, c * elem_size, c, c)
     raise ValueError(f"unknown op {op!r}")
 
 
+def geometry(op: str, nbytes: int, elem_size: int, world: int) -> Geometry | None:
+    """The buffers for a requested size; None when it rounds to no element."""
+    if op not in OPS:
+        raise ValueError(f"unknown op {op!r}")
+    c = nbytes // (elem_size * world if op in ("all_gather", "reduce_scatter") else elem_size)
+    return of_count(op, c, elem_size, world) if c else None
+
+
 def bus_factor(op: str, world: int) -> float:
     """busbw / algbw for ``op`` on ``world`` ranks (nccl-tests doc/PERFORMANCE.md)."""
-    if world <= 1:
-        return 0.0 if op != "broadcast" else 1.0
-    if op in ("all_gather", "reduce_scatter"):
-        return (world - 1) / world
-    if op == "all_reduce":
-        return 2 * (world - 1) / world
+    if op not in OPS:
+        raise ValueError(f"unknown op {op!r}")
     if op == "broadcast":
         return 1.0
-    raise ValueError(f"unknown op {op!r}")
+    if world <= 1:
+        return 0.0
+    return (2 if op == "all_reduce" else 1) * (world - 1) / world
 
 
 def algbw_gbs(size_bytes: int, seconds: float) -> float:
@@ -137,63 +111,83 @@ def busbw_gbs(op: str, size_bytes: int, seconds: float, world: int) -> float:
     return algbw_gbs(size_bytes, seconds) * bus_factor(op, world)
 
 
-# Inputs repeat with a prime period so that a block misplaced by any
-# power-of-two offset lands on different values.
-_PERIOD = 1021
+PERIOD = 1021  # prime: see the module docstring
+_BLOCK = PERIOD * 1024  # elements the oracle compares at a time
 
 
-def _tile(rank: int, redop: str) -> np.ndarray:
-    idx = (np.arange(_PERIOD, dtype=np.int64) * 37 + rank * 101) % _PERIOD
+def _tile(rank: int, redop: str, dtype: str) -> np.ndarray:
+    idx = (np.arange(PERIOD, dtype=np.int64) * 37 + rank * 101) % PERIOD
+    unsigned = dtype == "uint8"
     if redop == "prod":
         # Mostly ones so that products of many ranks stay representable.
-        return np.where(idx % 13 == 0, 2.0, np.where(idx % 11 == 0, -1.0, 1.0))
-    return (idx % 17 - 8).astype(np.float64)
+        return np.where(idx % 13 == 0, 2.0, np.where((idx % 11 == 0) & (not unsigned), -1.0, 1.0))
+    return (idx % 17 - (0 if unsigned else 8)).astype(np.float64)
+
+
+def _combined(world: int, redop: str, dtype: str) -> np.ndarray:
+    tiles = np.stack([_tile(r, redop, dtype) for r in range(world)])
+    if redop not in REDOPS:
+        raise ValueError(f"unknown reduction {redop!r}")
+    out = {"sum": np.sum, "avg": np.mean, "prod": np.prod, "min": np.min, "max": np.max}[redop](
+        tiles, axis=0
+    )
+    return out % 256 if dtype == "uint8" else out  # the collective wraps as the dtype does
 
 
 def _stretch(tile: np.ndarray, start: int, count: int) -> np.ndarray:
-    return np.resize(np.roll(tile, -(start % _PERIOD)), count)
+    return np.resize(np.roll(tile, -(start % PERIOD)), count)
 
 
-def input_values(rank: int, start: int, count: int, redop: str) -> np.ndarray:
+def input_values(
+    rank: int, start: int, count: int, redop: str, dtype: str = "float32"
+) -> np.ndarray:
     """Elements ``start .. start+count-1`` of rank ``rank``'s input, as float64."""
-    return _stretch(_tile(rank, redop), start, count)
+    return _stretch(_tile(rank, redop, dtype), start, count)
 
 
-def _combined_tile(world: int, redop: str) -> np.ndarray:
-    tiles = np.stack([_tile(r, redop) for r in range(world)])
-    if redop in ("sum", "avg"):
-        out = tiles.sum(axis=0)
-        return out / world if redop == "avg" else out
-    if redop == "prod":
-        return tiles.prod(axis=0)
-    if redop == "min":
-        return tiles.min(axis=0)
-    if redop == "max":
-        return tiles.max(axis=0)
-    raise ValueError(f"unknown reduction {redop!r}")
-
-
-def rank_input(op: str, redop: str, rank: int, geom: Geometry, root: int) -> np.ndarray | None:
-    """This rank's input (None: a broadcast receiver, whose buffer is output only)."""
+def rank_input(
+    op: str, redop: str, rank: int, geom: Geometry, root: int, dtype: str = "float32",
+    offset: int = 0,
+) -> np.ndarray | None:  # fmt: skip
+    """This rank's input (None: a broadcast receiver, whose buffer is output only);
+    ``offset`` shifts every rank's inputs alike, so that calls differ."""
     if op == "broadcast" and rank != root:
         return None
     owner = root if op == "broadcast" else rank
-    return input_values(owner, 0, geom.in_numel, redop)
+    return input_values(owner, offset, geom.in_numel, redop if OPS[op].reduces else "sum", dtype)
 
 
-def expected_output(
-    op: str, redop: str, rank: int, world: int, geom: Geometry, root: int
-) -> np.ndarray:
-    """What ``rank`` must hold after the collective, computed from the input
-    formula alone (never through a collective)."""
+def tolerance(op: str, dtype: str, redop: str) -> float:
+    """Relative error the check allows: exact except floating SUM/AVG (AVG's
+    division, sums over many ranks in the narrow dtypes)."""
+    floating = DTYPES[dtype][1]
+    return 4 * EPS[dtype] if floating and OPS[op].reduces and redop in ("sum", "avg") else 0.0
+
+
+def count_wrong(
+    op: str, redop: str, dtype: str, rank: int, world: int, geom: Geometry, root: int,
+    get: Callable[[int, int], Any], offset: int = 0,
+) -> int:  # fmt: skip
+    """Elements of ``rank``'s output that differ from the expected value;
+    ``get(a, b)`` returns output elements a..b-1 (any numeric array). The
+    expected values are never materialized beyond one block."""
     c = geom.count
+    r = redop if OPS[op].reduces else "sum"
     if op == "all_gather":
-        return np.concatenate([input_values(q, 0, c, redop) for q in range(world)])
-    if op == "broadcast":
-        return input_values(root, 0, c, redop)
-    tile = _combined_tile(world, redop)
-    if op == "reduce_scatter":
-        return _stretch(tile, rank * c, c)
-    if op == "all_reduce":
-        return _stretch(tile, 0, c)
-    raise ValueError(f"unknown op {op!r}")
+        segments = [(q * c, _tile(q, r, dtype), offset) for q in range(world)]
+    elif op == "broadcast":
+        segments = [(0, _tile(root, r, dtype), offset)]
+    else:
+        start = offset + (rank * c if op == "reduce_scatter" else 0)
+        segments = [(0, _combined(world, r, dtype), start)]
+    tol = tolerance(op, dtype, redop)
+    wrong = 0
+    for base, tile, start in segments:
+        want = _stretch(tile, start, min(_BLOCK, c))
+        for a in range(0, c, _BLOCK):
+            b = min(a + _BLOCK, c)
+            got = np.asarray(get(base + a, base + b), dtype=np.float64)
+            w = want[: b - a]
+            # Written so that NaN (the poison) counts as wrong.
+            wrong += int(np.count_nonzero(~(np.abs(got - w) <= tol * np.abs(w))))
+    return wrong

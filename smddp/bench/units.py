@@ -1,7 +1,7 @@
-"""Byte sizes as nccl-tests spells them: ``4K``, ``256M``, ``1G`` (powers of 1024).
-
-Plain integers are bytes. ``B``, ``KB``/``KiB`` etc. are accepted as the same
-binary units, because that is what people type after reading nccl-tests output.
+"""Byte sizes as nccl-tests spells them (``4K``, ``256M``, ``1G``: powers of
+1024) and comma lists of names. Plain integers are bytes; ``KB``/``KiB`` etc.
+are read as the same binary units, because that is what people type after
+reading nccl-tests output.
 """
 
 from __future__ import annotations
@@ -9,6 +9,7 @@ from __future__ import annotations
 import argparse
 import math
 import re
+from typing import Iterable
 
 _UNITS = {"": 1, "K": 1 << 10, "M": 1 << 20, "G": 1 << 30, "T": 1 << 40}
 _SIZE_RE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([KMGT]?)(?:I?B)?\s*$", re.IGNORECASE)
@@ -52,10 +53,8 @@ def parse_size_list(text: str) -> list[int]:
 
 
 def size_range(minbytes: int, maxbytes: int, factor: float = 2, step: int = 0) -> list[int]:
-    """The sizes nccl-tests sweeps for ``-b min -e max -f factor`` (or ``-i step``).
-
-    A step in bytes, when given, wins over the factor, as in nccl-tests.
-    """
+    """The sizes nccl-tests sweeps for ``-b min -e max -f factor`` (or ``-i step``,
+    which wins over the factor, as in nccl-tests)."""
     if minbytes <= 0:
         raise ValueError(f"the smallest size must be positive, got {minbytes}")
     if maxbytes < minbytes:
@@ -84,6 +83,31 @@ def format_size(nbytes: int) -> str:
         if nbytes >= unit and nbytes % unit == 0:
             return f"{nbytes // unit}{suffix}"
     return str(nbytes)
+
+
+def choose(
+    text: str,
+    allowed: Iterable[str],
+    what: str,
+    aliases: dict[str, str] | None = None,
+    canonical: bool = False,
+) -> tuple[str, ...]:
+    """A comma list of names from ``allowed`` (or ``all``), aliases resolved and
+    duplicates dropped, in the order typed (``canonical``: in ``allowed``'s)."""
+    allowed = tuple(allowed)
+    names = [p.strip().lower() for p in str(text).split(",") if p.strip()]
+    if names == ["all"]:
+        return allowed
+    out: list[str] = []
+    for n in names:
+        n = (aliases or {}).get(n, n)
+        if n not in allowed:
+            raise ValueError(f"unknown {what} {n!r} (choose from {', '.join(allowed)}, or all)")
+        if n not in out:
+            out.append(n)
+    if not out:
+        raise ValueError(f"no {what} given")
+    return tuple(a for a in allowed if a in out) if canonical else tuple(out)
 
 
 class HelpFormatter(argparse.ArgumentDefaultsHelpFormatter):

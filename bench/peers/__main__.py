@@ -1,0 +1,7 @@
+"""``python -m bench.peers`` (``make peers``)."""
+
+import sys
+
+from bench.peers.driver import main
+
+sys.exit(main())

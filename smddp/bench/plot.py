@@ -1,0 +1,67 @@
+"""The one plot writer: busbw against size, one panel per table, one line per
+backend. matplotlib is optional; without it nothing is written."""
+
+from __future__ import annotations
+
+import math
+import os
+from typing import Sequence
+
+from smddp.bench.units import format_size
+
+Series = dict[str, list[tuple[int, float]]]  # backend -> (size, busbw) points
+
+
+def busbw(panels: Sequence[tuple[str, Series]], path: str, title: str, ncols: int = 3) -> bool:
+    """Writes the PNG; False (and nothing written) without matplotlib."""
+    try:
+        import matplotlib
+    except ImportError:
+        return False
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    panels = list(panels) or [("nothing measured", {})]
+    ncols = min(ncols, len(panels))
+    nrows = math.ceil(len(panels) / ncols)
+    fig, axes = plt.subplots(nrows, ncols, figsize=(5.2 * ncols, 3.9 * nrows), squeeze=False)
+    for i, (name, series) in enumerate(panels):
+        ax = axes[i // ncols][i % ncols]
+        sizes: set[int] = set()
+        for j, (label, pts) in enumerate(series.items()):
+            if pts:
+                xs, ys = zip(*sorted(pts))
+                sizes.update(xs)
+                ax.plot(xs, ys, marker="osD^v<>"[j % 7], linewidth=1.7, markersize=4, label=label)
+        ax.set_xscale("log", base=2)
+        ticks = sorted(sizes)
+        ticks = ticks[:: math.ceil(len(ticks) / 10)] if len(ticks) > 10 else ticks
+        ax.set_xticks(ticks)
+        ax.set_xticklabels([format_size(t) for t in ticks], rotation=45 if len(ticks) > 6 else 0)
+        ax.minorticks_off()
+        ax.set_ylim(bottom=0)
+        ax.set_xlabel("size (bytes, nccl-tests definition)")
+        ax.set_ylabel("bus bandwidth (GB/s)")
+        ax.set_title(name, fontsize=10)
+        ax.grid(True, alpha=0.3)
+        if ax.lines:
+            ax.legend(fontsize=8)
+    for k in range(len(panels), nrows * ncols):
+        axes[k // ncols][k % ncols].axis("off")
+    fig.suptitle(title, fontsize=11)
+    fig.tight_layout()
+    os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
+    fig.savefig(path, dpi=105)
+    plt.close(fig)
+    return True
+
+
+def from_results(results: list[dict], keys: Sequence[str], title_of) -> list[tuple[str, Series]]:
+    """Panels from point records: one per distinct value of ``keys``, titled by
+    ``title_of(values)``; measured points with no wrong element only."""
+    panels: dict[tuple, Series] = {}
+    for r in results:
+        if r.get("status") in ("ok", "few", "slow") and not r.get("wrong"):
+            series = panels.setdefault(tuple(r[k] for k in keys), {})
+            series.setdefault(r["backend"], []).append((r["size_bytes"], r["busbw_gbs"]))
+    return [(title_of(k), s) for k, s in panels.items()]

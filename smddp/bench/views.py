@@ -1,0 +1,404 @@
+"""What the benchmarks print and what the docs show, from their records:
+column specs for smddp.bench.table, summaries and footers, one set per kind
+of record (sweep, peers, model, calibration, step). The same functions print
+a run's tables and render the docs from the JSON kept in the repository
+(``smddp-bench render``). Torch-free.
+"""
+
+from __future__ import annotations
+
+import math
+import shlex
+import statistics
+from typing import Any, Callable, Sequence
+
+from smddp.bench import table
+from smddp.bench.ops import OPS
+from smddp.bench.record import measured
+from smddp.bench.table import Column
+from smddp.bench.units import format_size
+
+
+def rivals(backends: Sequence[str]) -> list[tuple[str, str]]:
+    """The (numerator, denominator) pairs of the ratio columns: the first
+    backend against each of the others."""
+    return [(backends[0], b) for b in backends[1:]]
+
+
+def by_point(results: list[dict], keys: Sequence[str] = ("op", "dtype", "requested_bytes")
+             ) -> list[dict[str, dict]]:  # fmt: skip
+    """The point records grouped by point, in order: each {backend: record}."""
+    points: dict[tuple, dict[str, dict]] = {}
+    for r in results:
+        points.setdefault(tuple(r[k] for k in keys), {})[r["backend"]] = r
+    return list(points.values())
+
+
+def ratio(point: dict[str, dict], num: str, den: str) -> float | None:
+    """num's busbw / den's at one point (None unless both were measured)."""
+    a, b = point.get(num), point.get(den)
+    if not (measured(a) and measured(b)) or b["busbw_gbs"] <= 0 or a["busbw_gbs"] <= 0:
+        return None
+    return a["busbw_gbs"] / b["busbw_gbs"]
+
+
+def _geomean(values: list[float]) -> float | None:
+    return math.exp(statistics.fmean(math.log(v) for v in values)) if values else None
+
+
+def _num(x: float | None, fmt: str = "{:.3f}") -> str:
+    return "n/a" if x is None else fmt.format(x)
+
+
+# -- the sweep ---------------------------------------------------------------------
+
+_LEFT = [Column("size", "(B)", width=12), Column("count", "(elements)", width=12),
+         Column("type", width=9), Column("redop", width=6)]  # fmt: skip
+_BLOCK = [Column("time", "(us)", "{:.1f}", 10), Column("algbw", "(GB/s)", "{:.3f}", 8),
+          Column("busbw", "(GB/s)", "{:.3f}", 8), Column("#wrong", width=7)]  # fmt: skip
+
+
+def _sweep_columns(backends: Sequence[str]) -> tuple[list[Column], list[tuple[str, int]]]:
+    pairs = rivals(backends)
+    cols = _LEFT + _BLOCK * len(backends)
+    cols += [Column("ratio", f"{a}/{b}", "{:.2f}", max(11, len(a + b) + 1)) for a, b in pairs]
+    groups = [("", 4)] + [(b, 4) for b in backends] + ([("", len(pairs))] if pairs else [])
+    return cols, groups
+
+
+def sweep_header(op: str, dtype: str, redop: str, backends: Sequence[str], topology: str,
+                 device: str, inplace: bool = False) -> str:  # fmt: skip
+    place = "  in place" if inplace and op in ("all_gather", "reduce_scatter") else ""
+    title = f"# {OPS[op].title} ({op}){place}  type {dtype}  redop {redop}  |  {topology}  |  {device}"
+    return "\n".join(["#", title, "#", table.header(*_sweep_columns(backends))])
+
+
+def sweep_row(recs: list[dict], backends: Sequence[str]) -> str:
+    point = {r["backend"]: r for r in recs}
+    first = recs[0]
+    values: list[Any] = [first["size_bytes"], first["count"], first["dtype"], first["redop"]]
+    for b in backends:
+        r = point.get(b)
+        ok = measured(r)
+        values += [r["time_us"], r["algbw_gbs"], r["busbw_gbs"], str(r["wrong"])] if ok else [
+            "n/a", "", "", ""]  # fmt: skip
+    values += [_num(ratio(point, a, b), "{:.2f}") for a, b in rivals(backends)]
+    cols, groups = _sweep_columns(backends)
+    return table.row(cols, values, groups)
+
+
+def _table_summary(results: list[dict], backends: Sequence[str]) -> dict[str, Any]:
+    """Average busbw per backend (nccl-tests' footer), the ratios, #wrong."""
+    points = by_point(results)
+    out: dict[str, Any] = {"avg_busbw_gbs": {}, "ratio_of_avg_busbw": {}, "geomean_ratio": {},
+                           "wrong": {}, "errors": {}}  # fmt: skip
+    for b in backends:
+        good = [p[b] for p in points if measured(p.get(b))]
+        out["avg_busbw_gbs"][b] = statistics.fmean(r["busbw_gbs"] for r in good) if good else None
+        out["wrong"][b] = sum(r["wrong"] for r in good)
+        bad = [p[b]["note"] for p in points if b in p and not measured(p[b])]
+        if bad:
+            out["errors"][b] = bad[0]
+    for a, b in rivals(backends):
+        common = [p for p in points if ratio(p, a, b) is not None]
+        avg = [statistics.fmean(p[x]["busbw_gbs"] for p in common) for x in (a, b)] if common else 0
+        out["ratio_of_avg_busbw"][f"{a}/{b}"] = avg[0] / avg[1] if common else None
+        out["geomean_ratio"][f"{a}/{b}"] = _geomean([ratio(p, a, b) for p in common])
+    return out
+
+
+def sweep_summary(results: list[dict], backends: Sequence[str]) -> dict[str, Any]:
+    tables = []
+    for key in dict.fromkeys((r["op"], r["dtype"], r["redop"]) for r in results):
+        sub = [r for r in results if (r["op"], r["dtype"], r["redop"]) == key]
+        tables.append(dict(zip(("op", "dtype", "redop"), key), **_table_summary(sub, backends)))
+    wrong = sum(r["wrong"] for r in results if measured(r))
+    return {"wrong": wrong, "tables": tables}
+
+
+def sweep_footer(results: list[dict], backends: Sequence[str]) -> str:
+    s = _table_summary(results, backends)
+    lines = ["# avg busbw (GB/s): "
+             + "  ".join(f"{b} {_num(s['avg_busbw_gbs'][b])}" for b in backends)]  # fmt: skip
+    for key in s["ratio_of_avg_busbw"]:
+        lines.append(f"# {key}: {_num(s['ratio_of_avg_busbw'][key], '{:.2f}')} (ratio of the "
+                     f"averages), {_num(s['geomean_ratio'][key], '{:.2f}')} (geometric mean of "
+                     "the per-size ratios)")  # fmt: skip
+    total = sum(s["wrong"].values())
+    detail = ", ".join(f"{b} {n}" for b, n in s["wrong"].items() if n)
+    lines.append(f"# #wrong: {total} " + ("OK" if total == 0 else f"FAILED ({detail})"))
+    lines += [f"# {b}: not measured: {why}" for b, why in s["errors"].items()]
+    return "\n".join(lines)
+
+
+def run_footer(rec: dict[str, Any]) -> str:
+    backends = rec["settings"]["backends"]
+    points = len(by_point(rec["results"]))
+    wrong = rec["summary"]["wrong"]
+    lines = ["#", f"# smddp-bench: {points} points x {len(backends)} backends "
+             f"({', '.join(backends)}) in {rec['elapsed_s']:.1f} s; #wrong {wrong} "
+             f"{'OK' if wrong == 0 else 'FAILED'}", f"# {rec['timing']['description']}"]  # fmt: skip
+    m = rec["machine"]
+    loads = [x[0] for x in (m["load_average"]["start"], m["load_average"].get("end")) if x]
+    cores = m.get("cpu_cores_available") or m.get("cpu_cores") or 1
+    # The ranks themselves keep up to world-size cores busy.
+    if loads and max(loads) > max(cores, rec["topology"]["world"]) + 1:
+        lines.append(f"# note: load average up to {max(loads):.1f} on {cores} cores: other "
+                     "processes competed with the ranks, so the timings are noisy")  # fmt: skip
+    return "\n".join(lines)
+
+
+def sweep_panels(results: list[dict]) -> list:
+    from smddp.bench.plot import from_results
+
+    return from_results(results, ("op", "dtype"), lambda k: f"{OPS[k[0]].title}, {k[1]}")
+
+
+def sweep_markdown(rec: dict[str, Any], **_: str) -> str:
+    backends = rec["settings"]["backends"]
+    pairs = rivals(backends)
+    cols = [Column("op", left=True), Column("type", left=True), Column("size")]
+    cols += [Column("time", "µs", "{:.1f}"), Column("busbw", "GB/s", "{:.3f}")] * len(backends)
+    cols += [Column(f"{a}/{b}", fmt="{:.2f}") for a, b in pairs]
+    groups = [("", 3)] + [(b, 2) for b in backends] + ([("busbw", len(pairs))] if pairs else [])
+    rows = []
+    for point in by_point(rec["results"]):
+        first = next(iter(point.values()))
+        row: list[Any] = [OPS[first["op"]].title, first["dtype"], format_size(first["size_bytes"])]
+        for b in backends:
+            r = point.get(b)
+            row += [r["time_us"], r["busbw_gbs"]] if measured(r) else ["n/a", "n/a"]
+        rows.append(row + [_num(ratio(point, a, b), "{:.2f}") for a, b in pairs])
+    topo = rec["topology"]["label"]
+    place = "; AllGather/ReduceScatter in place" if rec["settings"].get("inplace") else ""
+    note = (f"{topo}, {rec['machine']['device']}{place}; busbw in GB/s (nccl-tests' definitions, "
+            f"GB = 1e9); ratios of busbw; #wrong {rec['summary']['wrong']}")  # fmt: skip
+    return table.markdown(cols, rows, groups) + "\n\n" + footer(rec, note)
+
+
+# -- the peer comparison -----------------------------------------------------------
+
+PEERS_LEGEND = (
+    "busbw in GB/s (1e9 B/s), nccl-tests' definition; flags: * fewer than --min-iters calls "
+    "(--point-cap); ~ one call only (it exceeded --point-cap); u MPI bfloat16 reduction through "
+    "a user-defined MPI_Op (numpy); ! wrong results; n/a: not offered; skip: a smaller size of "
+    "the same table was too slow or failed; absent: not installed"
+)
+_CELL_STATUS = {"n/a": "n/a", "skipped": "skip", "timeout": "timeout", "absent": "absent"}
+
+
+def peer_cell(rec: dict[str, Any] | None) -> str:
+    """One implementation's busbw at one point, with its flags (PEERS_LEGEND)."""
+    if rec is None:
+        return ""
+    if not measured(rec):
+        return _CELL_STATUS.get(rec["status"], "error")
+    flags = rec.get("flags", "") + {"ok": "", "few": "*", "slow": "~"}[rec["status"]]
+    return f"{rec['busbw_gbs']:.3f}{flags}{'!' if rec.get('wrong') else ''}"
+
+
+def _usable(rec: dict[str, Any] | None) -> bool:
+    return measured(rec) and not rec.get("wrong")
+
+
+def peer_rows(results: list[dict], impls: Sequence[str], ops: Sequence[str],
+              dtypes: Sequence[str]) -> list[dict[str, Any]]:  # fmt: skip
+    """One row per (op, dtype, ranks, size): every implementation's record, the
+    best peer and smddp's ratio to it."""
+    order = lambda r: (ops.index(r["op"]), dtypes.index(r["dtype"]), r["world"],  # noqa: E731
+                       r["requested_bytes"])  # fmt: skip
+    rows = []
+    for point in by_point(sorted(results, key=order), ("op", "dtype", "world", "requested_bytes")):
+        first = next(iter(point.values()))
+        peers = [(r["busbw_gbs"], n) for n, r in point.items()
+                 if n != "smddp" and n in impls and _usable(r)]  # fmt: skip
+        best = max(peers) if peers else (None, None)
+        mine = point.get("smddp")
+        rows.append({k: first[k] for k in ("op", "dtype", "world", "requested_bytes", "size_bytes")}
+                    | {"impls": point, "best_peer": best[1], "best_peer_busbw_gbs": best[0],
+                       "smddp_busbw_gbs": mine["busbw_gbs"] if _usable(mine) else None,
+                       "smddp_over_best": mine["busbw_gbs"] / best[0]
+                       if best[0] and _usable(mine) else None})  # fmt: skip
+    return rows
+
+
+def _peer_table(rows: list[dict], impls: Sequence[str]) -> tuple[list[Column], list]:
+    cols = [Column("op", width=14, left=True), Column("type", width=9, left=True),
+            Column("size", width=5), Column("ranks", width=5)]  # fmt: skip
+    cols += [Column(n, width=10) for n in impls]
+    with_ratio = "smddp" in impls and len(impls) > 1
+    cols += [Column("smddp/best", fmt="{:.2f}", width=10), Column("best", width=9, left=True)
+             ] if with_ratio else []  # fmt: skip
+    out: list[Any] = []
+    last = None
+    for row in rows:
+        block = (row["op"], row["dtype"], row["world"])
+        if out and block != last:
+            out.append(None)
+        last = block
+        values = [OPS[row["op"]].title, row["dtype"],
+                  format_size(row["size_bytes"] or row["requested_bytes"]), row["world"]]
+        values += [peer_cell(row["impls"].get(n)) for n in impls]
+        if with_ratio:
+            values += [_num(row["smddp_over_best"], "{:.2f}"), row["best_peer"] or ""]
+        out.append(values)
+    return cols, out
+
+
+def peer_summary(rows: list[dict], results: list[dict]) -> dict[str, Any]:
+    """Per table the geometric mean of smddp/best; the cells where a peer wins;
+    #wrong and failures per implementation."""
+    tables: dict[str, list[float]] = {}
+    for row in rows:
+        if row["smddp_over_best"] is not None:
+            tables.setdefault(f"{row['op']} {row['dtype']}", []).append(row["smddp_over_best"])
+    keys = ("op", "dtype", "world", "size_bytes", "smddp_busbw_gbs", "best_peer",
+            "best_peer_busbw_gbs")  # fmt: skip
+    behind = [{k: r[k] for k in keys} | {"ratio": r["smddp_over_best"]} for r in rows
+              if r["smddp_over_best"] is not None and r["smddp_over_best"] < 1.0]  # fmt: skip
+    wrong: dict[str, int] = {}
+    failures = []
+    for rec in results:
+        if measured(rec):
+            wrong[rec["backend"]] = wrong.get(rec["backend"], 0) + int(rec.get("wrong") or 0)
+        elif rec["status"] in ("timeout", "error", "absent"):
+            failures.append({k: rec.get(k) for k in ("backend", "world", "op", "dtype",
+                             "requested_bytes", "status", "note")})  # fmt: skip
+    return {"geomean_smddp_over_best": {k: _geomean(v) for k, v in tables.items()},
+            "smddp_behind": behind, "wrong": wrong, "failures": failures}  # fmt: skip
+
+
+def peers_text(rec: dict[str, Any], header: str = "") -> str:
+    s = rec["settings"]
+    rows = peer_rows(rec["results"], s["impls"], s["ops"], s["dtypes"])
+    lines = [header.rstrip()] if header else []
+    lines += ["# " + PEERS_LEGEND, "#", table.text(*_peer_table(rows, s["impls"])), "#"]
+    summary = rec["summary"]
+    for key, g in summary["geomean_smddp_over_best"].items():
+        op, dtype = key.split()
+        lines.append(f"# {OPS[op].title} {dtype}: smddp/best, geometric mean over the cells: {g:.2f}")
+    if summary["smddp_behind"]:
+        lines.append(f"# smddp behind the best peer in {len(summary['smddp_behind'])} cells:")
+    for b in summary["smddp_behind"]:
+        lines.append(f"#   {OPS[b['op']].title} {b['dtype']} {format_size(b['size_bytes'])} "
+                     f"{b['world']} ranks: smddp {b['smddp_busbw_gbs']:.3f} vs {b['best_peer']} "
+                     f"{b['best_peer_busbw_gbs']:.3f} GB/s ({b['ratio']:.2f}x)")  # fmt: skip
+    total = sum(summary["wrong"].values())
+    detail = ", ".join(f"{k} {v}" for k, v in summary["wrong"].items() if v)
+    lines.append(f"# #wrong: {total} " + ("OK" if total == 0 else f"FAILED ({detail})"))
+    seen = set()
+    for f in summary["failures"]:
+        if (f["backend"], f["status"], f["note"]) not in seen:
+            seen.add((f["backend"], f["status"], f["note"]))
+            lines.append(f"# {f['backend']} ({f['status']}): {f['note']}")
+    lines.append(f"# {rec['timing']['description']}")
+    return "\n".join(lines)
+
+
+def peers_markdown(rec: dict[str, Any], **_: str) -> str:
+    s = rec["settings"]
+    rows = peer_rows(rec["results"], s["impls"], s["ops"], s["dtypes"])
+    versions = "; ".join(f"{n} {' '.join(str(v).split())}" for n, v in rec["versions"].items())
+    return (table.markdown(*_peer_table(rows, s["impls"])) + "\n\n"
+            + footer(rec, f"{PEERS_LEGEND}; {versions}"))  # fmt: skip
+
+
+# -- the cost model, the calibration, the step --------------------------------------
+
+
+def model_table(estimates: list[dict], markdown: bool = False) -> str:
+    cols = [Column("op", width=15, left=True), Column("nodes", width=6), Column("GPUs", width=6),
+            Column("size", "(B)", width=7), Column("time", "(us)", "{:.1f}", 11),
+            Column("busbw", "(GB/s)", "{:.2f}", 8), Column("time", "(us)", "{:.1f}", 11),
+            Column("busbw", "(GB/s)", "{:.2f}", 8), Column("ratio", fmt="{:.2f}", width=6)]
+    groups = [("", 4), ("flat ring", 2), ("smddp", 2), ("", 1)]
+    rows = [[e["op"], e["nodes"], e["gpus"], format_size(e["size_bytes"]), e["ring_s"] * 1e6,
+             e["ring_busbw_gbs"], e["hier_s"] * 1e6, e["hier_busbw_gbs"], e["ratio"]]
+            for e in estimates]  # fmt: skip
+    if markdown:
+        return table.markdown(cols, rows, groups)
+    return (table.header(cols, groups) + "\n" + "\n".join(table.row(cols, r, groups) for r in rows)
+            + "\n# ratio = flat-ring time / smddp time (= smddp busbw / flat-ring busbw)")
+
+
+def model_markdown(rec: dict[str, Any], **_: str) -> str:
+    c = rec["constants"]
+    note = (f"cost model, preset {rec['preset']}: {c['name']}; ratio = flat-ring time / smddp "
+            "time (= smddp busbw / flat-ring busbw)")  # fmt: skip
+    return model_table(rec["results"], markdown=True) + "\n\n" + footer(rec, note)
+
+
+def calibration_tables(rec: dict[str, Any], markdown: bool = False) -> str:
+    render = table.markdown if markdown else table.text
+    fits = [[f["label"], f["alpha_s"] * 1e6, (f["beta_bytes_per_s"] or math.inf) / 1e9,
+             f["worst_error"] * 100] for f in rec["fits"].values()]  # fmt: skip
+    fit_cols = [Column("transport", left=True), Column("alpha", "(us)", "{:.1f}"),
+                Column("beta", "(GB/s)", "{:.3f}"), Column("worst fit error", "(%)", "{:.0f}")]
+    cols = [Column("op", left=True), Column("size", "(B)"), Column("measured", "(us)", "{:.1f}"),
+            Column("smddp model", "(us)", "{:.1f}"), Column("error", "(%)", "{:+.0f}"),
+            Column("flat ring model", "(us)", "{:.1f}")]  # fmt: skip
+    rows = [[r["op"], format_size(r["size_bytes"]), r["measured_s"] * 1e6, r["model_smddp_s"] * 1e6,
+             (r["model_smddp_s"] - r["measured_s"]) / r["measured_s"] * 100, r["model_ring_s"] * 1e6]
+            for r in rec["results"]]  # fmt: skip
+    return render(fit_cols, fits) + "\n\n" + render(cols, rows)
+
+
+def calibration_markdown(rec: dict[str, Any], **_: str) -> str:
+    note = ("fit of time = alpha + bytes/beta of an AllGather between two ranks (one step of "
+            "size/2 bytes); error = (model - measured) / measured")  # fmt: skip
+    return calibration_tables(rec, markdown=True) + "\n\n" + footer(rec, note)
+
+
+def step_table(rec: dict[str, Any], markdown: bool = False) -> str:
+    res = rec["results"]
+    fake, ref = res.get("fake"), res.get("smddp")
+    cols = [Column("backend", width=8, left=True), Column("step", "(s)", "{:.3f}", 9),
+            Column("min", "(s)", "{:.3f}", 8), Column("comm wait", "(s)", "{:.3f}", 10),
+            Column("preempted", "(s)", "{:.3f}", 10), Column("vs fake", width=8),
+            Column("x smddp", width=8), Column("final loss", width=11)]  # fmt: skip
+    rows = []
+    for b, r in res.items():
+        over = f"{r['overhead_vs_fake']:+.1%}" if r["overhead_vs_fake"] is not None else "-"
+        loss = f"{r['final_loss']:.6f}" if r["final_loss"] is not None and b != "fake" else "-"
+        rows.append([b, r["median_s"], min(r["step_s"]), r["median_comm_wait_s"],
+                     r["median_preempted_s"], over,
+                     f"{r['median_s'] / ref['median_s']:.2f}" if ref else "-", loss])  # fmt: skip
+    out = table.markdown(cols, rows) if markdown else table.text(cols, rows)
+    if ref and fake and "gloo" in res and not markdown:
+        g = res["gloo"]
+        out += (f"\n# communication cost per step: smddp {ref['median_s'] - fake['median_s']:+.3f}"
+                f" s, gloo {g['median_s'] - fake['median_s']:+.3f} s; smddp is "
+                f"{g['median_s'] / ref['median_s']:.2f}x as fast as gloo")  # fmt: skip
+    return out
+
+
+def step_markdown(rec: dict[str, Any], **_: str) -> str:
+    s = rec["settings"]
+    note = (f"{s['strategy']} step, {s['world']} ranks, {s['preset']} ({s['num_params'] / 1e6:.2f} M "
+            f"parameters), {s['tokens']} tokens per rank; median of {s['steps']} interleaved steps "
+            "after warm-up; step = slowest rank; vs fake = the step's overhead over torch's fake "
+            "backend, whose collectives do nothing")  # fmt: skip
+    return step_table(rec, markdown=True) + "\n\n" + footer(rec, note)
+
+
+# -- the footer of every rendered table ---------------------------------------------
+
+
+def footer(rec: dict[str, Any], what: str) -> str:
+    m = rec["machine"]
+    load = m.get("load_average", {})
+    machine = (f"{m['cpu_model']}, {m['cpu_cores']} cores ({m['cpu_cores_available']} available), "
+               f"{m['memory_gb']} GB, {m['kernel']}, Python {m['python']}, torch {m['torch']}, "
+               f"smddp {m['smddp']}; load average {load.get('start')} at the start, "
+               f"{load.get('end')} at the end; {rec['created']}")  # fmt: skip
+    lines = [f"- {what}"]
+    if "timing" in rec:
+        lines.append(f"- {rec['timing']['description']}")
+    lines += [f"- machine: {machine}", f"- command: `{shlex.join(rec['command'])}`"]
+    return "\n".join(lines)
+
+
+MARKDOWN: dict[str, Callable[..., str]] = {
+    "sweep": sweep_markdown, "peers": peers_markdown, "model": model_markdown,
+    "calibration": calibration_markdown, "step": step_markdown,
+}  # fmt: skip
