@@ -38,9 +38,11 @@ def main(argv: list[str] | None = None) -> int:
 
     import smddp
 
-    if not torch.cuda.is_available() or not smddp._C.with_cuda:
-        print("no GPU, or smddp built without CUDA")
+    cuda = smddp._cuda.status()
+    if not torch.cuda.is_available() or not cuda["available"]:
+        print("no GPU, or no CUDA module:", cuda["reason"] or "no GPU")
         return 1
+    kernels = smddp._cuda.load()
     sizes, blocks = parse_size_list(args.sizes), [int(b) for b in args.blocks.split(",")]
     how = timing.Timing(timing.BARRIER_EACH, warmup=3, block_warmup=0, iters=20, rounds=1)
 
@@ -74,7 +76,7 @@ def main(argv: list[str] | None = None) -> int:
             copy_bw = gbs(copy, 2 * nbytes)
             for nb in blocks:
                 red = SimpleNamespace(
-                    run=lambda nb=nb: smddp._C.device_reduce([x, y], "SUM", nb, out=out),
+                    run=lambda nb=nb: kernels.device_reduce([x, y], "SUM", nb, out=out),
                     restore=lambda: None, poison=nan, wrong=lambda: int((out != want).sum()),
                     what=f"device_reduce with {nb} blocks")  # fmt: skip
                 red_bw = gbs(red, 3 * nbytes)
