@@ -3,21 +3,13 @@
 #include <sys/eventfd.h>
 #include <unistd.h>
 
+#include "algorithm/chunks.h"
 #include "common/error.h"
 #include "common/log.h"
 
 namespace smddp::algorithm {
 
 namespace {
-
-int mod(int a, int n) {
-  return ((a % n) + n) % n;
-}
-
-size_t chunkLen(size_t block, size_t chunk, size_t c) {
-  const size_t off = c * chunk;
-  return off >= block ? 0 : std::min(chunk, block - off);
-}
 
 // See hierarchical.h; measured on 2 emulated nodes x 2 ranks.
 constexpr size_t kSequentialBytes = size_t{512} << 10;
@@ -338,7 +330,7 @@ void HierarchicalCommunicator::allGatherPipelined(const OpArgs& args) {
   const int l = topo_.myLocalRank();
   const size_t b = args.count * args.elemSize();
   const size_t chunk = railChunk(b, 1);
-  const size_t C = ringChunks(b, chunk);
+  const size_t C = chunkCount(b, chunk);
   auto* out = static_cast<uint8_t*>(args.out);
   const auto* in = static_cast<const uint8_t*>(args.in);
 
@@ -407,7 +399,7 @@ void HierarchicalCommunicator::reduceScatterPipelined(const OpArgs& args) {
   const size_t es = args.elemSize();
   const size_t b = args.count * es;
   const size_t chunk = railChunk(b, es);
-  const size_t C = ringChunks(b, chunk);
+  const size_t C = chunkCount(b, chunk);
   const auto* in = static_cast<const uint8_t*>(args.in);
 
   node_->openCall(args, NodeCollectives::kSingleCopy);
@@ -494,7 +486,7 @@ void HierarchicalCommunicator::allGatherSequential(const OpArgs& args) {
         arena_->writeTo(peer, arena_->peerDesc(peer, args.seq).out_addr + off, src, len);
       }
     };
-    const size_t C = ringChunks(b, chunk);
+    const size_t C = chunkCount(b, chunk);
     const size_t mine = static_cast<size_t>(topo_.rank()) * b;
     const auto* in = static_cast<const uint8_t*>(args.in);
     railStage([&] {
@@ -522,10 +514,10 @@ void HierarchicalCommunicator::allGatherSequential(const OpArgs& args) {
   railStage([&] { railAllGather(args, false); });
   // Staged: each rank's rail blocks, packed, through its slot.
   const size_t slot = arena_->slotBytes();
-  const size_t rounds = std::max<size_t>(1, ceilDiv(total, slot));
+  const size_t rounds = chunkCount(total, slot);
   for (size_t t = 0; t < rounds; ++t) {
     const size_t off = t * slot;
-    const size_t n = std::min(slot, total - std::min(total, off));
+    const size_t n = chunkLen(total, slot, t);
     const uint32_t parity = arena_->phase() + 1;
     uint8_t* mine = arena_->slot(me, parity);
     forEachPiece(off, n, b, [&](size_t k, size_t w, size_t at, size_t len) {
@@ -664,7 +656,7 @@ void HierarchicalCommunicator::allReducePipelined(const OpArgs& args) {
   // Chunks as the ring cuts them: its ReduceScatter in whole elements, its
   // AllGather in bytes.
   const size_t rs_chunk = std::max<size_t>(1, config_.chunk_bytes / es) * es;
-  const size_t rs_chunks = ringChunks(sizes[0], rs_chunk);
+  const size_t rs_chunks = chunkCount(sizes[0], rs_chunk);
   const size_t ag_chunk = config_.chunk_bytes;
 
   const uint32_t base = openProgressCall(args);
@@ -684,7 +676,7 @@ void HierarchicalCommunicator::allReducePipelined(const OpArgs& args) {
     ringReduceScatter(
         ring, args.reduce, contrib, mine + offsets[static_cast<size_t>(n)], counts, false, true, tag, args.deadline,
         &ring_scratch_);
-    const uint32_t own = static_cast<uint32_t>(ringChunks(sizes[0], ag_chunk));
+    const uint32_t own = static_cast<uint32_t>(chunkCount(sizes[0], ag_chunk));
     arena_->postProgress(base + own);
     ringAllGather(ring, mine, offsets, sizes, tag, args.deadline,
                   [&](uint64_t u) { arena_->postProgress(base + own + static_cast<uint32_t>(u) + 1); });
@@ -721,7 +713,7 @@ void HierarchicalCommunicator::allReducePipelined(const OpArgs& args) {
       const int p = (l + k) % L;
       const Slices ps{slices.size(static_cast<size_t>(p)), static_cast<size_t>(N)};
       const transport::OpDesc& d = arena_->peerDesc(p, args.seq);
-      peers.push_back({p, slices.begin(static_cast<size_t>(p)) * es, ps, ringChunks(ps.size(0) * es, ag_chunk),
+      peers.push_back({p, slices.begin(static_cast<size_t>(p)) * es, ps, chunkCount(ps.size(0) * es, ag_chunk),
                        static_cast<uint32_t>(d.aux), d.out_addr});
       units = std::max<uint64_t>(units, static_cast<uint64_t>(N) * peers.back().chunks);
     }

@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cstring>
 
+#include "algorithm/chunks.h"
 #include "algorithm/ring.h"
 #include "common/error.h"
 
@@ -99,14 +100,14 @@ void NodeCollectives::allGather(const OpArgs& args) {
 void NodeCollectives::allGatherStaged(const OpArgs& args) {
   const size_t b = args.count * args.elemSize();
   const size_t slot = arena_.slotBytes();
-  const size_t rounds = std::max<size_t>(1, ceilDiv(b, slot));
+  const size_t rounds = chunkCount(b, slot);
   const int me = localRank();
   const auto* in = static_cast<const uint8_t*>(args.in);
   auto* out = static_cast<uint8_t*>(args.out);
   openCall(args, kStaged);
   for (size_t t = 0; t < rounds; ++t) {
     const size_t off = t * slot;
-    const size_t n = std::min(slot, b - std::min(b, off));
+    const size_t n = chunkLen(b, slot, t);
     const uint32_t parity = arena_.phase() + 1;
     copyBytes(arena_.slot(me, parity), in + off, n);
     round(args.deadline);
@@ -178,12 +179,12 @@ void NodeCollectives::reduceScatterStagedBlocks(
   // Each round stages the same sub-chunk of every destination's blocks.
   // Slot layout: [destination local rank][its block][chunk].
   const size_t chunk = std::max<size_t>(1, arena_.slotBytes() / (static_cast<size_t>(L) * B * es));
-  const size_t rounds = std::max<size_t>(1, ceilDiv(args.count, chunk));
+  const size_t rounds = chunkCount(args.count, chunk);
   const auto* in = static_cast<const uint8_t*>(args.in);
   std::vector<const void*>& srcs = sources(L);
   for (size_t t = 0; t < rounds; ++t) {
     const size_t off = t * chunk;
-    const size_t n = std::min(chunk, args.count - std::min(args.count, off));
+    const size_t n = chunkLen(args.count, chunk, t);
     const uint32_t parity = arena_.phase() + 1;
     uint8_t* mine = arena_.slot(me, parity);
     for (int j = 0; j < L; ++j) {
@@ -292,7 +293,7 @@ void NodeCollectives::allReduceStaged(const OpArgs& args) {
   const int L = localSize();
   const int me = localRank();
   const size_t chunk = arena_.slotBytes() / es;
-  const size_t rounds = std::max<size_t>(1, ceilDiv(args.count, chunk));
+  const size_t rounds = chunkCount(args.count, chunk);
   const auto* in = static_cast<const uint8_t*>(args.in);
   auto* out = static_cast<uint8_t*>(args.out);
   std::vector<const void*>& srcs = sources(L);
@@ -304,7 +305,7 @@ void NodeCollectives::allReduceStaged(const OpArgs& args) {
   openCall(args, kStaged);
   for (size_t t = 0; t < rounds; ++t) {
     const size_t off = t * chunk;
-    const size_t n = std::min(chunk, args.count - std::min(args.count, off));
+    const size_t n = chunkLen(args.count, chunk, t);
     const uint32_t parity = arena_.phase() + 1;
     copyBytes(arena_.slot(me, parity), in + off * es, n * es);
     round(args.deadline);
@@ -395,12 +396,12 @@ void NodeCollectives::broadcast(const OpArgs& args) {
     return;
   }
   const size_t slot = arena_.slotBytes();
-  const size_t rounds = std::max<size_t>(1, ceilDiv(b, slot));
+  const size_t rounds = chunkCount(b, slot);
   const auto* in = static_cast<const uint8_t*>(args.in);
   openCall(args, kStaged);
   for (size_t t = 0; t < rounds; ++t) {
     const size_t off = t * slot;
-    const size_t n = std::min(slot, b - std::min(b, off));
+    const size_t n = chunkLen(b, slot, t);
     const uint32_t parity = arena_.phase() + 1;
     if (me == args.root) {
       copyBytes(arena_.slot(me, parity), in + off, n);

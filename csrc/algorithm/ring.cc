@@ -11,15 +11,6 @@ using transport::MessageTag;
 
 namespace {
 
-int mod(int a, int n) {
-  return ((a % n) + n) % n;
-}
-
-size_t chunkLen(size_t block, size_t chunk, size_t c) {
-  const size_t off = c * chunk;
-  return off >= block ? 0 : std::min(chunk, block - off);
-}
-
 std::vector<Channel*> channelsOf(const Ring& ring) {
   if (ring.next == ring.prev) {
     return {ring.next};
@@ -41,10 +32,6 @@ transport::MessageTag messageTag(const OpArgs& args) {
   return t;
 }
 
-size_t ringChunks(size_t max_block_bytes, size_t chunk_bytes) {
-  return std::max<size_t>(1, ceilDiv(max_block_bytes, chunk_bytes));
-}
-
 void ringAllGather(
     const Ring& ring,
     uint8_t* out,
@@ -59,7 +46,7 @@ void ringAllGather(
     return;
   }
   const size_t chunk = ring.chunk_bytes;
-  const size_t C = ringChunks(*std::max_element(sizes.begin(), sizes.end()), chunk);
+  const size_t C = chunkCount(*std::max_element(sizes.begin(), sizes.end()), chunk);
   const uint64_t total = static_cast<uint64_t>(n - 1) * C;
   Channel* next = ring.next;
   Channel* prev = ring.prev;
@@ -134,7 +121,7 @@ void ringReduceScatter(
     bytes[i] = counts[i] * es;
   }
   const size_t maxb = *std::max_element(bytes.begin(), bytes.end());
-  const size_t C = ringChunks(maxb, chunk);
+  const size_t C = chunkCount(maxb, chunk);
   const uint64_t total = static_cast<uint64_t>(n - 1) * C;
   uint8_t* tmp = scratch->reserve(static_cast<size_t>(n - 1) * maxb);
   Channel* next = ring.next;
@@ -256,7 +243,7 @@ void ringBroadcast(
     return;
   }
   const size_t chunk = ring.chunk_bytes;
-  const size_t C = ringChunks(bytes, chunk);
+  const size_t C = chunkCount(bytes, chunk);
   const int pos = mod(r - root, n);
   const bool receives = pos != 0;
   const bool forwards = pos != n - 1;

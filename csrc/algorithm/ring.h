@@ -6,7 +6,10 @@
 // block is cut into chunks of `chunk_bytes`; chunk c of step s+1 leaves as
 // soon as chunk c of step s has arrived, so the steps overlap. Both ends
 // post the same messages in the same order (step-major, chunk-minor), which
-// is what lets a message carry only a tag to be checked.
+// is what lets a message carry only a tag to be checked. Blocks of unequal
+// size are cut alike (chunkCount of the largest; a chunk past the end of a
+// shorter block is an empty message), so every member agrees on the
+// schedule.
 //
 // Schedules, drawn for n = 3 members A, B, C with blocks a, b, c:
 //
@@ -34,6 +37,7 @@
 #include <functional>
 #include <vector>
 
+#include "algorithm/chunks.h"
 #include "algorithm/op.h"
 #include "common/host_buffer.h"
 #include "transport/channel.h"
@@ -53,14 +57,9 @@ struct Ring {
 // message of it carries: equal on every rank that makes the same call.
 transport::MessageTag messageTag(const OpArgs& args);
 
-// Chunks per block: blocks of unequal size are cut alike (a chunk past the
-// end of a shorter block is an empty message), so every member agrees on
-// the schedule.
-size_t ringChunks(size_t max_block_bytes, size_t chunk_bytes);
-
 // AllGather; member i's block of sizes[i] bytes is at out + offsets[i] (my
 // own must already be there). on_landed(unit) is called as chunks arrive, in
-// order, unit = step * ringChunks(...) + chunk.
+// order, unit = step * chunkCount(largest block, chunk_bytes) + chunk.
 void ringAllGather(
     const Ring& ring,
     uint8_t* out,
@@ -125,18 +124,5 @@ void ringBroadcast(
     int root,
     const transport::MessageTag& tag,
     const Deadline& deadline);
-
-// Splits `count` elements into `parts` contiguous slices (the first
-// count % parts one longer), the same way on every rank.
-struct Slices {
-  size_t count;
-  size_t parts;
-  size_t begin(size_t i) const {
-    return i * (count / parts) + (i < count % parts ? i : count % parts);
-  }
-  size_t size(size_t i) const {
-    return count / parts + (i < count % parts ? 1 : 0);
-  }
-};
 
 } // namespace smddp::algorithm
