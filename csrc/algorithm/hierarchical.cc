@@ -4,6 +4,7 @@
 #include <unistd.h>
 
 #include "algorithm/chunks.h"
+#include "algorithm/protocol.h"
 #include "common/error.h"
 #include "common/log.h"
 
@@ -16,22 +17,6 @@ constexpr size_t kSequentialBytes = size_t{512} << 10;
 constexpr size_t kPushPiece = size_t{256} << 10;
 constexpr size_t kRailChunks = 2;
 constexpr size_t kMinRailChunk = size_t{256} << 10;
-
-// What progress unit u of a pipelined node stage announces, the same on
-// every rank of node n: first the `chunks` chunks of the rank's own rail
-// block (n), then the chunks the rail's AllGather lands, step by step (step
-// s brings block n-s-1).
-struct RailUnit {
-  int block;
-  size_t chunk;
-};
-RailUnit railUnit(uint64_t u, size_t chunks, int n, int N) {
-  if (u < chunks) {
-    return {n, static_cast<size_t>(u)};
-  }
-  const uint64_t v = u - chunks;
-  return {mod(n - static_cast<int>(v / chunks) - 1, N), static_cast<size_t>(v % chunks)};
-}
 
 // Visits bytes [from, from + n) of the concatenation of blocks of `b` bytes
 // each: f(block, offset in the block, offset in the range, length).
@@ -199,7 +184,7 @@ void HierarchicalCommunicator::railAllGather(
   ring.chunk_bytes = railChunk(b, 1);
   ringAllGather(
       ring, static_cast<uint8_t*>(args.out), railOffsets(b),
-      std::vector<size_t>(static_cast<size_t>(topo_.numNodes()), b), messageTag(args), args.deadline, on_landed);
+      std::vector<size_t>(static_cast<size_t>(topo_.numNodes()), b), protocol::tagOf(args), args.deadline, on_landed);
 }
 
 Contributions HierarchicalCommunicator::partialContributions(size_t b) {
@@ -221,28 +206,26 @@ void HierarchicalCommunicator::railReduceScatter(
   ring.chunk_bytes = railChunk(args.count * args.elemSize(), args.elemSize());
   ringReduceScatter(
       ring, args.reduce, contrib, args.out,
-      std::vector<size_t>(static_cast<size_t>(topo_.numNodes()), args.count), raw, true, messageTag(args),
+      std::vector<size_t>(static_cast<size_t>(topo_.numNodes()), args.count), raw, true, protocol::tagOf(args),
       args.deadline, &ring_scratch_);
 }
 
 void HierarchicalCommunicator::railAllReduce(const OpArgs& args, const void* in, void* out, size_t count, bool raw) {
   ringAllReduce(
-      railRing(args, false), args.reduce, in, out, count, raw, true, messageTag(args), args.deadline, &ring_scratch_);
+      railRing(args, false), args.reduce, in, out, count, raw, true, protocol::tagOf(args), args.deadline, &ring_scratch_);
 }
 
 uint32_t HierarchicalCommunicator::openProgressCall(const OpArgs& args) {
-  transport::OpDesc& mine = arena_->myDesc(args.seq);
-  node_->openCall(args, NodeCollectives::kSingleCopy);
-  mine.aux = arena_->progress();
+  protocol::openCall(*arena_, args, protocol::Path::kSingleCopy);
   node_->round(args.deadline);
-  node_->verifyDescs(args);
-  return static_cast<uint32_t>(mine.aux);
+  protocol::verifyCall(*arena_, args);
+  return protocol::myCall(*arena_, args.seq).progress_base;
 }
 
 std::function<bool(int block, size_t chunk)> HierarchicalCommunicator::railReadiness(size_t chunks) {
   partials_ready_.store(0);
   return [this, chunks](int block, size_t c) {
-    const auto order = static_cast<uint64_t>(mod(topo_.myNode() - 1 - block, topo_.numNodes()));
+    const auto order = static_cast<uint64_t>(railOrder().consumeOrder(block));
     return partials_ready_.load(std::memory_order_acquire) >= order * chunks + c + 1;
   };
 }
@@ -324,13 +307,12 @@ void HierarchicalCommunicator::allGather(const OpArgs& args) {
 }
 
 void HierarchicalCommunicator::allGatherPipelined(const OpArgs& args) {
-  const int N = topo_.numNodes();
   const int L = topo_.localSize();
-  const int n = topo_.myNode();
   const int l = topo_.myLocalRank();
   const size_t b = args.count * args.elemSize();
   const size_t chunk = railChunk(b, 1);
   const size_t C = chunkCount(b, chunk);
+  const protocol::ProgressUnits units{railOrder(), C};
   auto* out = static_cast<uint8_t*>(args.out);
   const auto* in = static_cast<const uint8_t*>(args.in);
 
@@ -346,20 +328,19 @@ void HierarchicalCommunicator::allGatherPipelined(const OpArgs& args) {
       if (my_block != in) {
         copyBytes(my_block + c * chunk, in + c * chunk, len);
       }
-      arena_->postProgress(base + static_cast<uint32_t>(c) + 1);
+      arena_->postProgress(protocol::progressAfter(base, c + 1));
     }
-    railAllGather(args, true, [&](uint64_t u) { arena_->postProgress(base + static_cast<uint32_t>(C + u) + 1); });
+    railAllGather(args, true, [&](uint64_t u) { arena_->postProgress(protocol::progressAfter(base, C + u + 1)); });
   };
 
   auto node_stage = [&] {
-    const uint64_t units = static_cast<uint64_t>(N) * C;
-    for (uint64_t u = 0; u < units; ++u) {
-      const RailUnit unit = railUnit(u, C, n, N);
+    for (uint64_t u = 0; u < units.count(); ++u) {
+      const protocol::RingUnit unit = units.at(u);
       const size_t len = chunkLen(b, chunk, unit.chunk);
       for (int k = 1; k < L; ++k) {
         const int peer = (l + k) % L;
-        const transport::OpDesc& d = arena_->peerDesc(peer, args.seq);
-        arena_->waitProgress(peer, static_cast<uint32_t>(d.aux) + static_cast<uint32_t>(u) + 1, args.deadline);
+        const protocol::CallDesc& d = protocol::peerCall(*arena_, peer, args.seq);
+        arena_->waitProgress(peer, protocol::progressAfter(d.progress_base, u + 1), args.deadline);
         const size_t off = static_cast<size_t>(topo_.nodeRanks(unit.block)[peer]) * b + unit.chunk * chunk;
         arena_->readFrom(peer, out + off, d.out_addr + off, len);
       }
@@ -395,16 +376,15 @@ void HierarchicalCommunicator::reduceScatter(const OpArgs& args) {
 
 void HierarchicalCommunicator::reduceScatterPipelined(const OpArgs& args) {
   const int N = topo_.numNodes();
-  const int n = topo_.myNode();
   const size_t es = args.elemSize();
   const size_t b = args.count * es;
   const size_t chunk = railChunk(b, es);
   const size_t C = chunkCount(b, chunk);
   const auto* in = static_cast<const uint8_t*>(args.in);
 
-  node_->openCall(args, NodeCollectives::kSingleCopy);
+  protocol::openCall(*arena_, args, protocol::Path::kSingleCopy);
   node_->round(args.deadline);
-  node_->verifyDescs(args);
+  protocol::verifyCall(*arena_, args);
 
   Contributions contrib = partialContributions(b);
   contrib.ready = railReadiness(C);
@@ -412,7 +392,7 @@ void HierarchicalCommunicator::reduceScatterPipelined(const OpArgs& args) {
   auto rail_stage = [&] { railReduceScatter(args, contrib, false, true); };
   auto node_stage = [&] {
     for (int j = 0; j < N; ++j) {
-      const int member = mod(n - 1 - j, N);
+      const int member = railOrder().consumedAt(j);
       const size_t block = static_cast<size_t>(rail_[member]) * b;
       for (size_t c = 0; c < C; ++c) {
         const size_t len = chunkLen(b, chunk, c);
@@ -467,12 +447,12 @@ void HierarchicalCommunicator::allGatherSequential(const OpArgs& args) {
     return static_cast<size_t>(topo_.nodeRanks(static_cast<int>(k))[static_cast<size_t>(p)]) * b;
   };
   const bool single = node_->useSingleCopy(total);
-  node_->openCall(args, single ? NodeCollectives::kSingleCopy : NodeCollectives::kStaged);
+  protocol::openCall(*arena_, args, single ? protocol::Path::kSingleCopy : protocol::Path::kStaged);
   // The node agrees on the call before anyone waits on the rail: a rank
   // whose call differs (and so may take the pipelined path, which starts
   // with this round) must meet a kMismatch, not a wait on the rail.
   node_->round(args.deadline);
-  node_->verifyDescs(args);
+  protocol::verifyCall(*arena_, args);
   uint8_t* my_block = out + static_cast<size_t>(topo_.rank()) * b;
   if (single) {
     // Push, not pull: each chunk of my block and of my rail's blocks goes to
@@ -483,7 +463,7 @@ void HierarchicalCommunicator::allGatherSequential(const OpArgs& args) {
     auto push = [&](size_t off, const uint8_t* src, size_t len) {
       for (int k = 1; k < L; ++k) {
         const int peer = (me + k) % L;
-        arena_->writeTo(peer, arena_->peerDesc(peer, args.seq).out_addr + off, src, len);
+        arena_->writeTo(peer, protocol::peerCall(*arena_, peer, args.seq).out_addr + off, src, len);
       }
     };
     const size_t C = chunkCount(b, chunk);
@@ -499,7 +479,7 @@ void HierarchicalCommunicator::allGatherSequential(const OpArgs& args) {
         push(mine + off, in + off, len);
       }
       railAllGather(args, false, [&](uint64_t u) {
-        const RailUnit unit = railUnit(C + u, C, topo_.myNode(), N);
+        const protocol::RingUnit unit = railOrder().landed(u, C);
         const size_t off = block(me, static_cast<size_t>(unit.block)) + unit.chunk * chunk;
         push(off, out + off, chunkLen(b, chunk, unit.chunk));
       });
@@ -550,12 +530,12 @@ void HierarchicalCommunicator::reduceScatterSequential(const OpArgs& args) {
   // (Staging needs one element of every block in a slot.)
   const bool single = node_->useSingleCopy(static_cast<size_t>(N) * b) ||
       static_cast<size_t>(L) * static_cast<size_t>(N) * es > arena_->slotBytes();
-  node_->openCall(args, single ? NodeCollectives::kSingleCopy : NodeCollectives::kStaged);
+  protocol::openCall(*arena_, args, single ? protocol::Path::kSingleCopy : protocol::Path::kStaged);
   // Node stage: partial m = the node's contributions to block m of my rail,
   // reduced in local rank order (as the pipelined path does).
   if (single) {
     node_->round(args.deadline);
-    node_->verifyDescs(args);
+    protocol::verifyCall(*arena_, args);
     const int n = topo_.myNode();
     for (int m = 0; m < N; ++m) {
       if (m != n) {
@@ -611,9 +591,9 @@ void HierarchicalCommunicator::allReduce(const OpArgs& args) {
   auto* out = static_cast<uint8_t*>(args.out);
   uint8_t* mine = out + slices.begin(static_cast<size_t>(l)) * es;
 
-  node_->openCall(args, NodeCollectives::kSingleCopy);
+  protocol::openCall(*arena_, args, protocol::Path::kSingleCopy);
   node_->round(args.deadline);
-  node_->verifyDescs(args);
+  protocol::verifyCall(*arena_, args);
   // Node stage: my slice, reduced over the node (PREMUL_SUM scales here).
   node_->reduceFromPeers(
       args, static_cast<const uint8_t*>(args.in), slices.begin(static_cast<size_t>(l)) * es,
@@ -626,7 +606,7 @@ void HierarchicalCommunicator::allReduce(const OpArgs& args) {
   for (int k = 1; k < L; ++k) {
     const int peer = (l + k) % L;
     const size_t off = slices.begin(static_cast<size_t>(peer)) * es;
-    arena_->readFrom(peer, out + off, arena_->peerDesc(peer, args.seq).out_addr + off,
+    arena_->readFrom(peer, out + off, protocol::peerCall(*arena_, peer, args.seq).out_addr + off,
                      slices.size(static_cast<size_t>(peer)) * es);
   }
   node_->round(args.deadline);
@@ -672,19 +652,19 @@ void HierarchicalCommunicator::allReducePipelined(const OpArgs& args) {
   // ReduceScatter returns), then the chunks of the AllGather as they land.
   auto rail_stage = [&] {
     const Ring ring = railRing(args, true);
-    const transport::MessageTag tag = messageTag(args);
+    const transport::MessageTag tag = protocol::tagOf(args);
     ringReduceScatter(
         ring, args.reduce, contrib, mine + offsets[static_cast<size_t>(n)], counts, false, true, tag, args.deadline,
         &ring_scratch_);
-    const uint32_t own = static_cast<uint32_t>(chunkCount(sizes[0], ag_chunk));
-    arena_->postProgress(base + own);
+    const size_t own = chunkCount(sizes[0], ag_chunk);
+    arena_->postProgress(protocol::progressAfter(base, own));
     ringAllGather(ring, mine, offsets, sizes, tag, args.deadline,
-                  [&](uint64_t u) { arena_->postProgress(base + own + static_cast<uint32_t>(u) + 1); });
+                  [&](uint64_t u) { arena_->postProgress(protocol::progressAfter(base, own + u + 1)); });
   };
 
   auto node_stage = [&] {
     for (int j = 0; j < N; ++j) {
-      const int m = mod(n - 1 - j, N);
+      const int m = railOrder().consumedAt(j);
       for (size_t c = 0; c < rs_chunks; ++c) {
         const size_t len = chunkLen(sizes[static_cast<size_t>(m)], rs_chunk, c);
         const size_t off = offsets[static_cast<size_t>(m)] + c * rs_chunk;
@@ -703,7 +683,7 @@ void HierarchicalCommunicator::allReducePipelined(const OpArgs& args) {
       int local;
       size_t begin;
       Slices sub;
-      size_t chunks;
+      protocol::ProgressUnits units;
       uint32_t base;
       uint64_t addr;
     };
@@ -712,20 +692,20 @@ void HierarchicalCommunicator::allReducePipelined(const OpArgs& args) {
     for (int k = 1; k < L; ++k) {
       const int p = (l + k) % L;
       const Slices ps{slices.size(static_cast<size_t>(p)), static_cast<size_t>(N)};
-      const transport::OpDesc& d = arena_->peerDesc(p, args.seq);
-      peers.push_back({p, slices.begin(static_cast<size_t>(p)) * es, ps, chunkCount(ps.size(0) * es, ag_chunk),
-                       static_cast<uint32_t>(d.aux), d.out_addr});
-      units = std::max<uint64_t>(units, static_cast<uint64_t>(N) * peers.back().chunks);
+      const protocol::CallDesc& d = protocol::peerCall(*arena_, p, args.seq);
+      // Of p's slice (p is on node n too, so on the same rail position).
+      const protocol::ProgressUnits pu{railOrder(), chunkCount(ps.size(0) * es, ag_chunk)};
+      peers.push_back({p, slices.begin(static_cast<size_t>(p)) * es, ps, pu, d.progress_base, d.out_addr});
+      units = std::max<uint64_t>(units, pu.count());
     }
     for (uint64_t u = 0; u < units; ++u) {
       for (const Peer& p : peers) {
-        if (u >= static_cast<uint64_t>(N) * p.chunks) {
+        if (u >= p.units.count()) {
           continue;
         }
-        // Of p's slice (p is on node n too).
-        const RailUnit unit = railUnit(u, p.chunks, n, N);
+        const protocol::RingUnit unit = p.units.at(u);
         const auto m = static_cast<size_t>(unit.block);
-        arena_->waitProgress(p.local, p.base + static_cast<uint32_t>(u) + 1, args.deadline);
+        arena_->waitProgress(p.local, protocol::progressAfter(p.base, u + 1), args.deadline);
         const size_t len = chunkLen(p.sub.size(m) * es, ag_chunk, unit.chunk);
         if (len > 0) {
           const size_t off = p.begin + p.sub.begin(m) * es + unit.chunk * ag_chunk;
@@ -745,11 +725,11 @@ void HierarchicalCommunicator::allReduceStaged(const OpArgs& args) {
   const size_t es = args.elemSize();
   const Slices slices{args.count, static_cast<size_t>(L)};
   const size_t begin = slices.begin(static_cast<size_t>(me)) * es;
-  node_->openCall(args, NodeCollectives::kStaged);
+  protocol::openCall(*arena_, args, protocol::Path::kStaged);
   const uint32_t parity = arena_->phase() + 1;
   copyBytes(arena_->slot(me, parity), args.in, args.count * es);
   node_->round(args.deadline);
-  node_->verifyDescs(args);
+  protocol::verifyCall(*arena_, args);
   // My slice, reduced over the node in local rank order (as the single-copy
   // path does), into my slot of the other parity: no peer reads it before
   // the next round, and it is next written after the round that follows.
@@ -782,7 +762,7 @@ void HierarchicalCommunicator::broadcast(const OpArgs& args) {
   }
   if (topo_.numNodes() > 1 && topo_.myLocalRank() == root_local) {
     try {
-      ringBroadcast(railRing(args, false), out, b, root_node, messageTag(args), args.deadline);
+      ringBroadcast(railRing(args, false), out, b, root_node, protocol::tagOf(args), args.deadline);
     } catch (const Error& e) {
       arena_->abort(e.what());
       throw;
@@ -801,7 +781,7 @@ void HierarchicalCommunicator::barrier(const OpArgs& args) {
     try {
       ringAllGather(
           railRing(args, false), nullptr, std::vector<size_t>(static_cast<size_t>(N), 0),
-          std::vector<size_t>(static_cast<size_t>(N), 0), messageTag(args), args.deadline);
+          std::vector<size_t>(static_cast<size_t>(N), 0), protocol::tagOf(args), args.deadline);
     } catch (const Error& e) {
       arena_->abort(e.what());
       throw;

@@ -62,6 +62,7 @@
 
 #include "algorithm/communicator.h"
 #include "algorithm/node_collectives.h"
+#include "algorithm/protocol.h"
 #include "algorithm/ring.h"
 #include "transport/shm/node_arena.h"
 #include "transport/socket/socket_mesh.h"
@@ -111,6 +112,10 @@ class HierarchicalCommunicator : public Communicator {
 
  private:
   Ring railRing(const OpArgs& args, bool with_wake);
+  // My position on the rail and how the rail's ring orders its blocks.
+  protocol::RingOrder railOrder() const {
+    return {topo_.myNode(), topo_.numNodes()};
+  }
   // The chunk of the rail's AllGather and ReduceScatter for blocks of `b`
   // bytes of elements of `es` bytes, the same on every path (rail peers may
   // take different ones).

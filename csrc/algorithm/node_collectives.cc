@@ -4,12 +4,12 @@
 #include <cstring>
 
 #include "algorithm/chunks.h"
-#include "algorithm/ring.h"
+#include "algorithm/protocol.h"
 #include "common/error.h"
 
 namespace smddp::algorithm {
 
-using transport::OpDesc;
+using protocol::Path;
 
 NodeCollectives::NodeCollectives(transport::NodeArena& arena, const Config& config)
     : arena_(arena), config_(config) {}
@@ -47,46 +47,12 @@ void NodeCollectives::round(const Deadline& deadline) {
   arena_.waitAllPhase(arena_.phase(), deadline);
 }
 
-void NodeCollectives::openCall(const OpArgs& args, Path path) {
-  OpDesc& d = arena_.myDesc(args.seq);
-  d.call = messageTag(args);
-  d.path = path;
-  d.in_addr = reinterpret_cast<uint64_t>(args.in);
-  d.out_addr = reinterpret_cast<uint64_t>(args.out);
-}
-
-void NodeCollectives::verifyDescs(const OpArgs& args) {
-  const OpDesc& mine = arena_.myDesc(args.seq);
-  bool differ = false;
-  for (int l = 0; l < localSize(); ++l) {
-    const OpDesc& p = arena_.peerDesc(l, args.seq);
-    differ = differ || !p.call.sameCall(mine.call) || p.path != mine.path;
-  }
-  if (!differ) {
-    return;
-  }
-  std::string calls;
-  for (int l = 0; l < localSize(); ++l) {
-    const OpDesc& p = arena_.peerDesc(l, args.seq);
-    calls += str("; rank ", arena_.groupRankOf(l), ": #", p.call.seq, " ", p.call.describe(),
-                 p.path == kSingleCopy ? " single-copy" : " staged");
-  }
-  SMDDP_THROW(
-      kMismatch,
-      "ranks disagree on collective #",
-      args.seq,
-      calls,
-      ". Every rank of a group must make the same collective calls in the "
-      "same order, with the same sizes, dtypes and reduce ops (and the same "
-      "SMDDP_* settings)");
-}
-
 // ---------------------------------------------------------------- AllGather
 
 void NodeCollectives::allGather(const OpArgs& args) {
   const size_t b = args.count * args.elemSize();
   if (localSize() == 1) {
-    openCall(args, kStaged);
+    protocol::openCall(arena_, args, Path::kStaged);
     copyBytes(args.out, args.in, b);
     return;
   }
@@ -104,7 +70,7 @@ void NodeCollectives::allGatherStaged(const OpArgs& args) {
   const int me = localRank();
   const auto* in = static_cast<const uint8_t*>(args.in);
   auto* out = static_cast<uint8_t*>(args.out);
-  openCall(args, kStaged);
+  protocol::openCall(arena_, args, Path::kStaged);
   for (size_t t = 0; t < rounds; ++t) {
     const size_t off = t * slot;
     const size_t n = chunkLen(b, slot, t);
@@ -112,7 +78,7 @@ void NodeCollectives::allGatherStaged(const OpArgs& args) {
     copyBytes(arena_.slot(me, parity), in + off, n);
     round(args.deadline);
     if (t == 0) {
-      verifyDescs(args);
+      protocol::verifyCall(arena_, args);
     }
     for (int k = 0; k < localSize(); ++k) {
       const int l = (me + k) % localSize();
@@ -129,15 +95,15 @@ void NodeCollectives::allGatherSingleCopy(const OpArgs& args) {
   const size_t b = args.count * args.elemSize();
   const int me = localRank();
   auto* out = static_cast<uint8_t*>(args.out);
-  openCall(args, kSingleCopy);
+  protocol::openCall(arena_, args, Path::kSingleCopy);
   // Peers read only this rank's input: the own block can be placed while
   // they arrive.
   copyBytes(out + static_cast<size_t>(me) * b, args.in, b);
   round(args.deadline);
-  verifyDescs(args);
+  protocol::verifyCall(arena_, args);
   for (int k = 1; k < localSize(); ++k) {
     const int l = (me + k) % localSize();
-    arena_.readFrom(l, out + static_cast<size_t>(l) * b, arena_.peerDesc(l, args.seq).in_addr, b);
+    arena_.readFrom(l, out + static_cast<size_t>(l) * b, protocol::peerCall(arena_, l, args.seq).in_addr, b);
   }
   // Nobody returns (and lets its input change) before every reader is done.
   round(args.deadline);
@@ -148,7 +114,7 @@ void NodeCollectives::allGatherSingleCopy(const OpArgs& args) {
 void NodeCollectives::reduceScatter(const OpArgs& args) {
   const size_t b = args.count * args.elemSize();
   if (localSize() == 1) {
-    openCall(args, kStaged);
+    protocol::openCall(arena_, args, Path::kStaged);
     copyBytes(args.out, args.in, b);
     finalizeInPlace(args.reduce, args.out, args.count, true);
     return;
@@ -161,7 +127,7 @@ void NodeCollectives::reduceScatter(const OpArgs& args) {
 }
 
 void NodeCollectives::reduceScatterStaged(const OpArgs& args) {
-  openCall(args, kStaged);
+  protocol::openCall(arena_, args, Path::kStaged);
   reduceScatterStagedBlocks(
       args, 1, [](int j, int) { return static_cast<size_t>(j); }, static_cast<uint8_t*>(args.out), true);
 }
@@ -195,7 +161,7 @@ void NodeCollectives::reduceScatterStagedBlocks(
     }
     round(args.deadline);
     if (t == 0) {
-      verifyDescs(args);
+      protocol::verifyCall(arena_, args);
     }
     for (int m = 0; m < blocks; ++m) {
       for (int l = 0; l < L; ++l) {
@@ -239,7 +205,7 @@ void NodeCollectives::reduceFromPeers(
         srcs[l] = my_in + byte_off;
       } else {
         uint8_t* tmp = buf + static_cast<size_t>(l) * chunk * es;
-        arena_.readFrom(l, tmp, arena_.peerDesc(l, args.seq).in_addr + byte_off, m * es);
+        arena_.readFrom(l, tmp, protocol::peerCall(arena_, l, args.seq).in_addr + byte_off, m * es);
         srcs[l] = tmp;
       }
     }
@@ -256,9 +222,9 @@ void NodeCollectives::reduceFromPeers(
 void NodeCollectives::reduceScatterSingleCopy(const OpArgs& args) {
   const size_t es = args.elemSize();
   const int me = localRank();
-  openCall(args, kSingleCopy);
+  protocol::openCall(arena_, args, Path::kSingleCopy);
   round(args.deadline);
-  verifyDescs(args);
+  protocol::verifyCall(arena_, args);
   reduceFromPeers(
       args,
       static_cast<const uint8_t*>(args.in),
@@ -275,7 +241,7 @@ void NodeCollectives::reduceScatterSingleCopy(const OpArgs& args) {
 void NodeCollectives::allReduce(const OpArgs& args) {
   const size_t b = args.count * args.elemSize();
   if (localSize() == 1) {
-    openCall(args, kStaged);
+    protocol::openCall(arena_, args, Path::kStaged);
     copyBytes(args.out, args.in, b);
     finalizeInPlace(args.reduce, args.out, args.count, true);
     return;
@@ -302,7 +268,7 @@ void NodeCollectives::allReduceStaged(const OpArgs& args) {
   constexpr size_t kSplitBytes = size_t{128} << 10;
   const bool split = L > 2 && static_cast<size_t>(L - 1) * std::min(args.count, chunk) * es >
       kSplitBytes;
-  openCall(args, kStaged);
+  protocol::openCall(arena_, args, Path::kStaged);
   for (size_t t = 0; t < rounds; ++t) {
     const size_t off = t * chunk;
     const size_t n = chunkLen(args.count, chunk, t);
@@ -310,7 +276,7 @@ void NodeCollectives::allReduceStaged(const OpArgs& args) {
     copyBytes(arena_.slot(me, parity), in + off * es, n * es);
     round(args.deadline);
     if (t == 0) {
-      verifyDescs(args);
+      protocol::verifyCall(arena_, args);
     }
     if (!split) {
       // Every rank reduces the same slots in the same order: identical results.
@@ -346,9 +312,9 @@ void NodeCollectives::allReduceSingleCopy(const OpArgs& args) {
   const int me = localRank();
   const Slices slices{args.count, static_cast<size_t>(L)};
   auto* out = static_cast<uint8_t*>(args.out);
-  openCall(args, kSingleCopy);
+  protocol::openCall(arena_, args, Path::kSingleCopy);
   round(args.deadline);
-  verifyDescs(args);
+  protocol::verifyCall(arena_, args);
   // Reduce my slice from every rank's input into my output.
   reduceFromPeers(
       args,
@@ -366,7 +332,7 @@ void NodeCollectives::allReduceSingleCopy(const OpArgs& args) {
     arena_.readFrom(
         l,
         out + slices.begin(l) * es,
-        arena_.peerDesc(l, args.seq).out_addr + slices.begin(l) * es,
+        protocol::peerCall(arena_, l, args.seq).out_addr + slices.begin(l) * es,
         slices.size(l) * es);
   }
   round(args.deadline);
@@ -379,18 +345,18 @@ void NodeCollectives::broadcast(const OpArgs& args) {
   const int me = localRank();
   auto* out = static_cast<uint8_t*>(args.out);
   if (localSize() == 1) {
-    openCall(args, kStaged);
+    protocol::openCall(arena_, args, Path::kStaged);
     copyBytes(args.out, args.in, b);
     return;
   }
   if (useSingleCopy(b)) {
-    openCall(args, kSingleCopy);
+    protocol::openCall(arena_, args, Path::kSingleCopy);
     round(args.deadline);
-    verifyDescs(args);
+    protocol::verifyCall(arena_, args);
     if (me == args.root) {
       copyBytes(out, args.in, b);
     } else {
-      arena_.readFrom(args.root, out, arena_.peerDesc(args.root, args.seq).in_addr, b);
+      arena_.readFrom(args.root, out, protocol::peerCall(arena_, args.root, args.seq).in_addr, b);
     }
     round(args.deadline);
     return;
@@ -398,7 +364,7 @@ void NodeCollectives::broadcast(const OpArgs& args) {
   const size_t slot = arena_.slotBytes();
   const size_t rounds = chunkCount(b, slot);
   const auto* in = static_cast<const uint8_t*>(args.in);
-  openCall(args, kStaged);
+  protocol::openCall(arena_, args, Path::kStaged);
   for (size_t t = 0; t < rounds; ++t) {
     const size_t off = t * slot;
     const size_t n = chunkLen(b, slot, t);
@@ -408,7 +374,7 @@ void NodeCollectives::broadcast(const OpArgs& args) {
     }
     round(args.deadline);
     if (t == 0) {
-      verifyDescs(args);
+      protocol::verifyCall(arena_, args);
     }
     if (me == args.root) {
       if (out + off != in + off) {
@@ -421,12 +387,12 @@ void NodeCollectives::broadcast(const OpArgs& args) {
 }
 
 void NodeCollectives::barrier(const OpArgs& args) {
-  openCall(args, kStaged);
+  protocol::openCall(arena_, args, Path::kStaged);
   if (localSize() == 1) {
     return;
   }
   round(args.deadline);
-  verifyDescs(args);
+  protocol::verifyCall(arena_, args);
 }
 
 } // namespace smddp::algorithm

@@ -30,9 +30,10 @@
 //                            AllGather of the reduced slices from the peers'
 //                            outputs
 //
-// Every call starts with a round that publishes an OpDesc; each rank compares
-// every peer's with its own and throws kMismatch (on every rank) if they
-// differ. The reduction order is always local rank 0, 1, ..., so results are
+// Every call starts with a round that publishes the rank's call descriptor
+// (protocol::openCall); each rank compares every peer's with its own and
+// throws kMismatch (on every rank) if they differ (protocol::verifyCall).
+// The reduction order is always local rank 0, 1, ..., so results are
 // bitwise identical on every rank and every run.
 //
 // Threading: driven by one thread at a time (the group's executor).
@@ -72,14 +73,9 @@ class NodeCollectives {
   bool useSingleCopy(size_t bytes_per_rank, size_t floor = 0) const;
   size_t singleCopyMinBytes() const;
 
- // The building blocks, public for the hierarchical schedules that run a
-  // node stage of their own.
-  enum Path : uint8_t { kStaged = 0, kSingleCopy = 1 };
+  // The building blocks, public for the hierarchical schedules that run a
+  // node stage of their own (after protocol::openCall).
 
-  // Writes this rank's descriptor of `args` (addresses included) for peers.
-  void openCall(const OpArgs& args, Path path);
-  // Throws kMismatch on every rank if any peer's descriptor differs.
-  void verifyDescs(const OpArgs& args);
   // Posts a round and waits for every peer to post it.
   void round(const Deadline& deadline);
   // Reduces `n` elements at byte `offset_bytes` of every rank's input (peers
@@ -101,7 +97,8 @@ class NodeCollectives {
   // Staged ReduceScatter in which every local rank takes `blocks` blocks:
   // block m of local rank j starts at element block_of(j, m) * args.count of
   // each input. Reduces my blocks, in local rank order, into dst (block m at
-  // element m * args.count). After openCall(); verifies the descriptors.
+  // element m * args.count). After protocol::openCall(); verifies the
+  // descriptors.
   void reduceScatterStagedBlocks(
       const OpArgs& args,
       int blocks,

@@ -2,10 +2,12 @@
 
 #include <algorithm>
 
+#include "algorithm/protocol.h"
 #include "common/error.h"
 
 namespace smddp::algorithm {
 
+using protocol::RingOrder;
 using transport::Channel;
 using transport::MessageTag;
 
@@ -19,18 +21,6 @@ std::vector<Channel*> channelsOf(const Ring& ring) {
 }
 
 } // namespace
-
-transport::MessageTag messageTag(const OpArgs& args) {
-  transport::MessageTag t;
-  t.seq = args.seq;
-  t.kind = args.kind;
-  t.dtype = args.dtype();
-  const bool reduces = args.kind == CollectiveKind::kAllReduce || args.kind == CollectiveKind::kReduceScatter;
-  t.redop = reduces ? args.reduce.op : ReduceOp::kSum;
-  t.root = args.kind == CollectiveKind::kBroadcast ? args.root : 0;
-  t.count = args.count;
-  return t;
-}
 
 void ringAllGather(
     const Ring& ring,
@@ -48,12 +38,13 @@ void ringAllGather(
   const size_t chunk = ring.chunk_bytes;
   const size_t C = chunkCount(*std::max_element(sizes.begin(), sizes.end()), chunk);
   const uint64_t total = static_cast<uint64_t>(n - 1) * C;
+  const RingOrder order{r, n};
   Channel* next = ring.next;
   Channel* prev = ring.prev;
   const uint64_t sbase = next->sendsDone();
   const uint64_t rbase = prev->recvsDone();
   for (int s = 0; s <= n - 2; ++s) {
-    const int m = mod(r - s - 1, n);
+    const int m = order.gatheredAt(s);
     for (size_t c = 0; c < C; ++c) {
       prev->postRecv(out + offsets[m] + c * chunk, chunkLen(sizes[m], chunk, c), tag);
     }
@@ -67,15 +58,14 @@ void ringAllGather(
     const uint64_t got = prev->recvsDone() - rbase;
     while (landed < got) {
       const uint64_t u = landed++;
-      const int s = static_cast<int>(u / C);
-      const size_t c = u % C;
       if (on_landed) {
         on_landed(u);
       }
-      if (s + 1 <= n - 2) {
+      if (u / C + 1 <= static_cast<uint64_t>(n - 2)) {
         // Step s+1 forwards the block that arrived at step s.
-        const int m = mod(r - s - 1, n);
-        next->postSend(out + offsets[m] + c * chunk, chunkLen(sizes[m], chunk, c), tag);
+        const protocol::RingUnit unit = order.landed(u, C);
+        const auto m = static_cast<size_t>(unit.block);
+        next->postSend(out + offsets[m] + unit.chunk * chunk, chunkLen(sizes[m], chunk, unit.chunk), tag);
       }
       moved = true;
     }
@@ -123,6 +113,7 @@ void ringReduceScatter(
   const size_t maxb = *std::max_element(bytes.begin(), bytes.end());
   const size_t C = chunkCount(maxb, chunk);
   const uint64_t total = static_cast<uint64_t>(n - 1) * C;
+  const RingOrder order{r, n};
   uint8_t* tmp = scratch->reserve(static_cast<size_t>(n - 1) * maxb);
   Channel* next = ring.next;
   Channel* prev = ring.prev;
@@ -130,7 +121,7 @@ void ringReduceScatter(
   const uint64_t rbase = prev->recvsDone();
   // Step s receives block r-s-2 (the partial reduction of its predecessors).
   for (int s = 0; s <= n - 2; ++s) {
-    const int m = mod(r - s - 2, n);
+    const int m = order.consumedAt(s + 1);
     for (size_t c = 0; c < C; ++c) {
       prev->postRecv(tmp + static_cast<size_t>(s) * maxb + c * chunk, chunkLen(bytes[m], chunk, c), tag);
     }
@@ -144,7 +135,7 @@ void ringReduceScatter(
     while (processed < got) {
       const int s = static_cast<int>(processed / C);
       const size_t c = processed % C;
-      const int m = mod(r - s - 2, n);
+      const int m = order.consumedAt(s + 1);
       const bool own_finish = s == n - 2 && contrib.finish;
       if (!own_finish && !ready(m, c)) {
         break;
@@ -168,7 +159,7 @@ void ringReduceScatter(
     while (next_send < total) {
       const int s = static_cast<int>(next_send / C);
       const size_t c = next_send % C;
-      const int m = mod(r - s - 1, n);
+      const int m = order.consumedAt(s);
       const uint8_t* src = nullptr;
       if (s == 0) {
         if (!ready(m, c)) {

@@ -6,8 +6,8 @@
 // block is cut into chunks of `chunk_bytes`; chunk c of step s+1 leaves as
 // soon as chunk c of step s has arrived, so the steps overlap. Both ends
 // post the same messages in the same order (step-major, chunk-minor), which
-// is what lets a message carry only a tag to be checked. Blocks of unequal
-// size are cut alike (chunkCount of the largest; a chunk past the end of a
+// is what lets a message carry only a tag to be checked. Which block each
+// step moves is protocol::RingOrder's; blocks of unequal size are cut alike (chunkCount of the largest; a chunk past the end of a
 // shorter block is an empty message), so every member agrees on the
 // schedule.
 //
@@ -53,13 +53,10 @@ struct Ring {
   transport::DriveOptions drive;
 };
 
-// What a call is (sequence number, kind, dtype, count, op, root), as every
-// message of it carries: equal on every rank that makes the same call.
-transport::MessageTag messageTag(const OpArgs& args);
-
 // AllGather; member i's block of sizes[i] bytes is at out + offsets[i] (my
-// own must already be there). on_landed(unit) is called as chunks arrive, in
-// order, unit = step * chunkCount(largest block, chunk_bytes) + chunk.
+// own must already be there); `tag` is the call's (protocol::tagOf).
+// on_landed(u) is called as chunks arrive, in order: unit u is
+// protocol::RingOrder::landed(u, chunks).
 void ringAllGather(
     const Ring& ring,
     uint8_t* out,

@@ -1,6 +1,7 @@
 #include "algorithm/ring_communicator.h"
 
 #include "algorithm/op.h"
+#include "algorithm/protocol.h"
 #include "common/error.h"
 #include "common/log.h"
 
@@ -87,7 +88,7 @@ void RingCommunicator::allGather(const OpArgs& args) {
   }
   ringAllGather(
       ringFor(args), out, offsets, std::vector<size_t>(static_cast<size_t>(n), b),
-      messageTag(args), args.deadline);
+      protocol::tagOf(args), args.deadline);
 }
 
 void RingCommunicator::reduceScatter(const OpArgs& args) {
@@ -100,12 +101,12 @@ void RingCommunicator::reduceScatter(const OpArgs& args) {
   }
   ringReduceScatter(
       ringFor(args), args.reduce, contrib, args.out, std::vector<size_t>(static_cast<size_t>(n), args.count),
-      true, true, messageTag(args), args.deadline, &scratch_);
+      true, true, protocol::tagOf(args), args.deadline, &scratch_);
 }
 
 void RingCommunicator::allReduce(const OpArgs& args) {
   ringAllReduce(
-      ringFor(args), args.reduce, args.in, args.out, args.count, true, true, messageTag(args),
+      ringFor(args), args.reduce, args.in, args.out, args.count, true, true, protocol::tagOf(args),
       args.deadline, &scratch_);
 }
 
@@ -115,14 +116,14 @@ void RingCommunicator::broadcast(const OpArgs& args) {
   if (topo_.rank() == args.root) {
     copyBytes(out, args.in, b);
   }
-  ringBroadcast(ringFor(args), out, b, args.root, messageTag(args), args.deadline);
+  ringBroadcast(ringFor(args), out, b, args.root, protocol::tagOf(args), args.deadline);
 }
 
 void RingCommunicator::barrier(const OpArgs& args) {
   const int n = topo_.size();
   ringAllGather(
       ringFor(args), nullptr, std::vector<size_t>(static_cast<size_t>(n), 0),
-      std::vector<size_t>(static_cast<size_t>(n), 0), messageTag(args), args.deadline);
+      std::vector<size_t>(static_cast<size_t>(n), 0), protocol::tagOf(args), args.deadline);
 }
 
 void RingCommunicator::abort(const std::string& why) {
