@@ -132,7 +132,7 @@ std::string HierarchicalCommunicator::describe() const {
   return str("hierarchical (shm+single-copy in nodes, tcp rails), ", topo_.describe());
 }
 
-Ring HierarchicalCommunicator::railRing(const OpArgs& args, bool with_wake) {
+Ring HierarchicalCommunicator::railRing(const OpArgs& args, RailOn on) {
   Ring ring;
   ring.index = topo_.myNode();
   ring.size = topo_.numNodes();
@@ -140,7 +140,7 @@ Ring HierarchicalCommunicator::railRing(const OpArgs& args, bool with_wake) {
   ring.prev = rail_prev_;
   ring.chunk_bytes = config_.chunk_bytes;
   ring.drive.policy = waitPolicyOf(config_);
-  ring.drive.wake_fd = with_wake ? wake_fd_ : -1;
+  ring.drive.wake_fd = on == RailOn::kStageThread ? wake_fd_ : -1;
   ring.drive.check = [this] {
     if (cancel_.load()) {
       SMDDP_THROW(kAborted, "the node stage of this collective failed");
@@ -177,10 +177,10 @@ std::vector<size_t> HierarchicalCommunicator::railOffsets(size_t b) const {
 
 void HierarchicalCommunicator::railAllGather(
     const OpArgs& args,
-    bool with_wake,
+    RailOn on,
     const std::function<void(uint64_t unit)>& on_landed) {
   const size_t b = args.count * args.elemSize();
-  Ring ring = railRing(args, with_wake);
+  Ring ring = railRing(args, on);
   ring.chunk_bytes = railChunk(b, 1);
   ringAllGather(
       ring, static_cast<uint8_t*>(args.out), railOffsets(b),
@@ -200,19 +200,25 @@ Contributions HierarchicalCommunicator::partialContributions(size_t b) {
 void HierarchicalCommunicator::railReduceScatter(
     const OpArgs& args,
     const Contributions& contrib,
-    bool raw,
-    bool with_wake) {
-  Ring ring = railRing(args, with_wake);
+    Sources sources,
+    RailOn on) {
+  Ring ring = railRing(args, on);
   ring.chunk_bytes = railChunk(args.count * args.elemSize(), args.elemSize());
   ringReduceScatter(
       ring, args.reduce, contrib, args.out,
-      std::vector<size_t>(static_cast<size_t>(topo_.numNodes()), args.count), raw, true, protocol::tagOf(args),
+      std::vector<size_t>(static_cast<size_t>(topo_.numNodes()), args.count), sources, Result::kFinal, protocol::tagOf(args),
       args.deadline, &ring_scratch_);
 }
 
-void HierarchicalCommunicator::railAllReduce(const OpArgs& args, const void* in, void* out, size_t count, bool raw) {
+void HierarchicalCommunicator::railAllReduce(
+    const OpArgs& args,
+    const void* in,
+    void* out,
+    size_t count,
+    Sources sources) {
   ringAllReduce(
-      railRing(args, false), args.reduce, in, out, count, raw, true, protocol::tagOf(args), args.deadline, &ring_scratch_);
+      railRing(args, RailOn::kCaller), args.reduce, in, out, count, sources, Result::kFinal, protocol::tagOf(args),
+      args.deadline, &ring_scratch_);
 }
 
 uint32_t HierarchicalCommunicator::openProgressCall(const OpArgs& args) {
@@ -296,7 +302,7 @@ void HierarchicalCommunicator::allGather(const OpArgs& args) {
     const size_t b = args.count * args.elemSize();
     auto* out = static_cast<uint8_t*>(args.out);
     copyBytes(out + static_cast<size_t>(topo_.rank()) * b, args.in, b);
-    railAllGather(args, false);
+    railAllGather(args, RailOn::kCaller);
     return;
   }
   if (sequential(args.count * args.elemSize())) {
@@ -330,7 +336,7 @@ void HierarchicalCommunicator::allGatherPipelined(const OpArgs& args) {
       }
       arena_->postProgress(protocol::progressAfter(base, c + 1));
     }
-    railAllGather(args, true, [&](uint64_t u) { arena_->postProgress(protocol::progressAfter(base, C + u + 1)); });
+    railAllGather(args, RailOn::kStageThread, [&](uint64_t u) { arena_->postProgress(protocol::progressAfter(base, C + u + 1)); });
   };
 
   auto node_stage = [&] {
@@ -364,7 +370,7 @@ void HierarchicalCommunicator::reduceScatter(const OpArgs& args) {
     Contributions contrib;
     contrib.base = static_cast<const uint8_t*>(args.in);
     contrib.offsets = railOffsets(args.count * args.elemSize());
-    railReduceScatter(args, contrib, true, false);
+    railReduceScatter(args, contrib, Sources::kInputs, RailOn::kCaller);
     return;
   }
   if (sequential(args.count * args.elemSize())) {
@@ -389,7 +395,7 @@ void HierarchicalCommunicator::reduceScatterPipelined(const OpArgs& args) {
   Contributions contrib = partialContributions(b);
   contrib.ready = railReadiness(C);
 
-  auto rail_stage = [&] { railReduceScatter(args, contrib, false, true); };
+  auto rail_stage = [&] { railReduceScatter(args, contrib, Sources::kPartials, RailOn::kStageThread); };
   auto node_stage = [&] {
     for (int j = 0; j < N; ++j) {
       const int member = railOrder().consumedAt(j);
@@ -398,7 +404,7 @@ void HierarchicalCommunicator::reduceScatterPipelined(const OpArgs& args) {
         const size_t len = chunkLen(b, chunk, c);
         node_->reduceFromPeers(
             args, in, block + c * chunk, len / es, partials_.data() + static_cast<size_t>(member) * b + c * chunk,
-            true, false);
+            Sources::kInputs, Result::kPartial);
         handToRail(j, c, C);
       }
     }
@@ -478,7 +484,7 @@ void HierarchicalCommunicator::allGatherSequential(const OpArgs& args) {
         }
         push(mine + off, in + off, len);
       }
-      railAllGather(args, false, [&](uint64_t u) {
+      railAllGather(args, RailOn::kCaller, [&](uint64_t u) {
         const protocol::RingUnit unit = railOrder().landed(u, C);
         const size_t off = block(me, static_cast<size_t>(unit.block)) + unit.chunk * chunk;
         push(off, out + off, chunkLen(b, chunk, unit.chunk));
@@ -491,7 +497,7 @@ void HierarchicalCommunicator::allGatherSequential(const OpArgs& args) {
   if (my_block != args.in) {
     copyBytes(my_block, args.in, b);
   }
-  railStage([&] { railAllGather(args, false); });
+  railStage([&] { railAllGather(args, RailOn::kCaller); });
   // Staged: each rank's rail blocks, packed, through its slot.
   const size_t slot = arena_->slotBytes();
   const size_t rounds = chunkCount(total, slot);
@@ -539,8 +545,8 @@ void HierarchicalCommunicator::reduceScatterSequential(const OpArgs& args) {
     const int n = topo_.myNode();
     for (int m = 0; m < N; ++m) {
       if (m != n) {
-        node_->reduceFromPeers(args, in, block(me, m) * b, args.count, partials + static_cast<size_t>(m) * b, true,
-                               false);
+        node_->reduceFromPeers(args, in, block(me, m) * b, args.count, partials + static_cast<size_t>(m) * b,
+                               Sources::kInputs, Result::kPartial);
       }
     }
     // My own block skips the partial in memory: the rail's last step reduces
@@ -550,14 +556,14 @@ void HierarchicalCommunicator::reduceScatterSequential(const OpArgs& args) {
     // of my input (an in-place output), but I read my block of theirs until
     // the rail ends: nobody returns before then.
     contrib.finish = [&](void* dst, const void* part, size_t offset, size_t count) {
-      node_->reduceFromPeers(args, in, block(me, n) * b + offset, count, dst, true, true, part);
+      node_->reduceFromPeers(args, in, block(me, n) * b + offset, count, dst, Sources::kInputs, Result::kFinal, part);
     };
-    railStage([&] { railReduceScatter(args, contrib, false, false); });
+    railStage([&] { railReduceScatter(args, contrib, Sources::kPartials, RailOn::kCaller); });
     node_->round(args.deadline);
     return;
   }
-  node_->reduceScatterStagedBlocks(args, N, block, partials, false);
-  railStage([&] { railReduceScatter(args, contrib, false, false); });
+  node_->reduceScatterStagedBlocks(args, N, block, partials, Result::kPartial);
+  railStage([&] { railReduceScatter(args, contrib, Sources::kPartials, RailOn::kCaller); });
 }
 
 // ------------------------------------------------------------ AllReduce
@@ -570,7 +576,7 @@ void HierarchicalCommunicator::allReduce(const OpArgs& args) {
     return;
   }
   if (L == 1) {
-    railAllReduce(args, args.in, args.out, args.count, true);
+    railAllReduce(args, args.in, args.out, args.count, Sources::kInputs);
     return;
   }
   const size_t b = args.count * args.elemSize();
@@ -597,9 +603,9 @@ void HierarchicalCommunicator::allReduce(const OpArgs& args) {
   // Node stage: my slice, reduced over the node (PREMUL_SUM scales here).
   node_->reduceFromPeers(
       args, static_cast<const uint8_t*>(args.in), slices.begin(static_cast<size_t>(l)) * es,
-      slices.size(static_cast<size_t>(l)), mine, true, false);
+      slices.size(static_cast<size_t>(l)), mine, Sources::kInputs, Result::kPartial);
   // Rail stage: my slice, reduced over the nodes.
-  railStage([&] { railAllReduce(args, mine, mine, slices.size(static_cast<size_t>(l)), false); });
+  railStage([&] { railAllReduce(args, mine, mine, slices.size(static_cast<size_t>(l)), Sources::kPartials); });
   // Every rank has read the inputs (which may be the outputs) and finished
   // its slice: gather the slices.
   node_->round(args.deadline);
@@ -651,10 +657,10 @@ void HierarchicalCommunicator::allReducePipelined(const OpArgs& args) {
   // slice: the chunks of its rail block (final when the rail's
   // ReduceScatter returns), then the chunks of the AllGather as they land.
   auto rail_stage = [&] {
-    const Ring ring = railRing(args, true);
+    const Ring ring = railRing(args, RailOn::kStageThread);
     const transport::MessageTag tag = protocol::tagOf(args);
     ringReduceScatter(
-        ring, args.reduce, contrib, mine + offsets[static_cast<size_t>(n)], counts, false, true, tag, args.deadline,
+        ring, args.reduce, contrib, mine + offsets[static_cast<size_t>(n)], counts, Sources::kPartials, Result::kFinal, tag, args.deadline,
         &ring_scratch_);
     const size_t own = chunkCount(sizes[0], ag_chunk);
     arena_->postProgress(protocol::progressAfter(base, own));
@@ -670,7 +676,7 @@ void HierarchicalCommunicator::allReducePipelined(const OpArgs& args) {
         const size_t off = offsets[static_cast<size_t>(m)] + c * rs_chunk;
         if (len > 0) {
           // PREMUL_SUM scales here; AVG divides at the rail's end.
-          node_->reduceFromPeers(args, in, my_begin + off, len / es, mine + off, true, false);
+          node_->reduceFromPeers(args, in, my_begin + off, len / es, mine + off, Sources::kInputs, Result::kPartial);
         }
         handToRail(j, c, rs_chunks);
       }
@@ -739,8 +745,8 @@ void HierarchicalCommunicator::allReduceStaged(const OpArgs& args) {
     srcs[static_cast<size_t>(l)] = arena_->slot(l, parity) + begin;
   }
   uint8_t* mine = arena_->slot(me, parity + 1) + begin;
-  reduce(args.reduce, mine, srcs.data(), L, slices.size(static_cast<size_t>(me)), true, false);
-  railStage([&] { railAllReduce(args, mine, mine, slices.size(static_cast<size_t>(me)), false); });
+  reduce(args.reduce, mine, srcs.data(), L, slices.size(static_cast<size_t>(me)), Sources::kInputs, Result::kPartial);
+  railStage([&] { railAllReduce(args, mine, mine, slices.size(static_cast<size_t>(me)), Sources::kPartials); });
   node_->round(args.deadline);
   auto* out = static_cast<uint8_t*>(args.out);
   for (int k = 0; k < L; ++k) {
@@ -762,7 +768,7 @@ void HierarchicalCommunicator::broadcast(const OpArgs& args) {
   }
   if (topo_.numNodes() > 1 && topo_.myLocalRank() == root_local) {
     try {
-      ringBroadcast(railRing(args, false), out, b, root_node, protocol::tagOf(args), args.deadline);
+      ringBroadcast(railRing(args, RailOn::kCaller), out, b, root_node, protocol::tagOf(args), args.deadline);
     } catch (const Error& e) {
       arena_->abort(e.what());
       throw;
@@ -780,7 +786,7 @@ void HierarchicalCommunicator::barrier(const OpArgs& args) {
     const int N = topo_.numNodes();
     try {
       ringAllGather(
-          railRing(args, false), nullptr, std::vector<size_t>(static_cast<size_t>(N), 0),
+          railRing(args, RailOn::kCaller), nullptr, std::vector<size_t>(static_cast<size_t>(N), 0),
           std::vector<size_t>(static_cast<size_t>(N), 0), protocol::tagOf(args), args.deadline);
     } catch (const Error& e) {
       arena_->abort(e.what());

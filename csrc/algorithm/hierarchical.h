@@ -63,11 +63,17 @@
 #include "algorithm/communicator.h"
 #include "algorithm/node_collectives.h"
 #include "algorithm/protocol.h"
+#include "algorithm/reduce.h"
 #include "algorithm/ring.h"
 #include "transport/shm/node_arena.h"
 #include "transport/socket/socket_mesh.h"
 
 namespace smddp::algorithm {
+
+// Where a rail stage runs. On the stage thread, beside a node stage, its
+// waits also wake on the eventfd the node stage rings (a contribution
+// handed over, or the node stage failed).
+enum class RailOn : uint8_t { kCaller, kStageThread };
 
 // A thread that runs one job at a time for its owner.
 class StageThread {
@@ -111,7 +117,7 @@ class HierarchicalCommunicator : public Communicator {
   std::string describe() const override;
 
  private:
-  Ring railRing(const OpArgs& args, bool with_wake);
+  Ring railRing(const OpArgs& args, RailOn on);
   // My position on the rail and how the rail's ring orders its blocks.
   protocol::RingOrder railOrder() const {
     return {topo_.myNode(), topo_.numNodes()};
@@ -124,14 +130,14 @@ class HierarchicalCommunicator : public Communicator {
   std::vector<size_t> railOffsets(size_t b) const;
   // The rail stages: AllGather of my rail's blocks in args.out (mine already
   // there); ReduceScatter of `contrib` (block m: node m's) into args.out,
-  // finalized. `raw`: the contributions are the call's inputs.
+  // final.
   void railAllGather(
       const OpArgs& args,
-      bool with_wake,
+      RailOn on,
       const std::function<void(uint64_t unit)>& on_landed = nullptr);
-  void railReduceScatter(const OpArgs& args, const Contributions& contrib, bool raw, bool with_wake);
-  // AllReduce of `count` elements over my rail, finalized.
-  void railAllReduce(const OpArgs& args, const void* in, void* out, size_t count, bool raw);
+  void railReduceScatter(const OpArgs& args, const Contributions& contrib, Sources sources, RailOn on);
+  // AllReduce of `count` elements over my rail, final, on this thread.
+  void railAllReduce(const OpArgs& args, const void* in, void* out, size_t count, Sources sources);
   // Reserves the node partials (a block of `b` bytes per node) and
   // describes them as the rail's contributions.
   Contributions partialContributions(size_t b);

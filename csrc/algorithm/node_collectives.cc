@@ -116,7 +116,7 @@ void NodeCollectives::reduceScatter(const OpArgs& args) {
   if (localSize() == 1) {
     protocol::openCall(arena_, args, Path::kStaged);
     copyBytes(args.out, args.in, b);
-    finalizeInPlace(args.reduce, args.out, args.count, true);
+    finalizeInPlace(args.reduce, args.out, args.count, Sources::kInputs);
     return;
   }
   if (useSingleCopy(b)) {
@@ -129,7 +129,7 @@ void NodeCollectives::reduceScatter(const OpArgs& args) {
 void NodeCollectives::reduceScatterStaged(const OpArgs& args) {
   protocol::openCall(arena_, args, Path::kStaged);
   reduceScatterStagedBlocks(
-      args, 1, [](int j, int) { return static_cast<size_t>(j); }, static_cast<uint8_t*>(args.out), true);
+      args, 1, [](int j, int) { return static_cast<size_t>(j); }, static_cast<uint8_t*>(args.out), Result::kFinal);
 }
 
 void NodeCollectives::reduceScatterStagedBlocks(
@@ -137,7 +137,7 @@ void NodeCollectives::reduceScatterStagedBlocks(
     int blocks,
     const std::function<size_t(int rank, int block)>& block_of,
     uint8_t* dst,
-    bool finalize) {
+    Result result) {
   const size_t es = args.elemSize();
   const int L = localSize();
   const int me = localRank();
@@ -147,7 +147,7 @@ void NodeCollectives::reduceScatterStagedBlocks(
   const size_t chunk = std::max<size_t>(1, arena_.slotBytes() / (static_cast<size_t>(L) * B * es));
   const size_t rounds = chunkCount(args.count, chunk);
   const auto* in = static_cast<const uint8_t*>(args.in);
-  std::vector<const void*>& srcs = sources(L);
+  std::vector<const void*>& srcs = sourcePointers(L);
   for (size_t t = 0; t < rounds; ++t) {
     const size_t off = t * chunk;
     const size_t n = chunkLen(args.count, chunk, t);
@@ -169,8 +169,8 @@ void NodeCollectives::reduceScatterStagedBlocks(
             ? in + (block_of(me, m) * args.count + off) * es
             : arena_.slot(l, parity) + (static_cast<size_t>(me) * B + static_cast<size_t>(m)) * chunk * es;
       }
-      reduce(args.reduce, dst + (static_cast<size_t>(m) * args.count + off) * es, srcs.data(), L, n, true,
-             finalize);
+      reduce(args.reduce, dst + (static_cast<size_t>(m) * args.count + off) * es, srcs.data(), L, n,
+             Sources::kInputs, result);
     }
   }
 }
@@ -181,8 +181,8 @@ void NodeCollectives::reduceFromPeers(
     size_t offset_bytes,
     size_t n,
     void* dst,
-    bool raw,
-    bool finalize,
+    Sources sources,
+    Result result,
     const void* extra) {
   const size_t es = args.elemSize();
   const int L = localSize();
@@ -192,7 +192,7 @@ void NodeCollectives::reduceFromPeers(
       (size_t{1} << 20) / static_cast<size_t>(L - 1), 64 << 10, 256 << 10);
   const size_t chunk = std::max<size_t>(1, per_peer / es);
   uint8_t* buf = scratch(static_cast<size_t>(L) * chunk * es);
-  std::vector<const void*>& srcs = sources(L);
+  std::vector<const void*>& srcs = sourcePointers(L);
   // With `extra`, the node's sum goes through my own (unused) slot of the
   // scratch, still in the cache when the ring's two-operand step reads it.
   uint8_t* sum = buf + static_cast<size_t>(me) * chunk * es;
@@ -210,12 +210,12 @@ void NodeCollectives::reduceFromPeers(
       }
     }
     if (extra == nullptr) {
-      reduce(args.reduce, d + off * es, srcs.data(), L, m, raw, finalize);
+      reduce(args.reduce, d + off * es, srcs.data(), L, m, sources, result);
       continue;
     }
-    reduce(args.reduce, sum, srcs.data(), L, m, raw, false);
+    reduce(args.reduce, sum, srcs.data(), L, m, sources, Result::kPartial);
     const void* pair[2] = {static_cast<const uint8_t*>(extra) + off * es, sum};
-    reduce(args.reduce, d + off * es, pair, 2, m, false, finalize);
+    reduce(args.reduce, d + off * es, pair, 2, m, Sources::kPartials, result);
   }
 }
 
@@ -231,8 +231,8 @@ void NodeCollectives::reduceScatterSingleCopy(const OpArgs& args) {
       static_cast<size_t>(me) * args.count * es,
       args.count,
       args.out,
-      true,
-      true);
+      Sources::kInputs,
+      Result::kFinal);
   round(args.deadline);
 }
 
@@ -243,7 +243,7 @@ void NodeCollectives::allReduce(const OpArgs& args) {
   if (localSize() == 1) {
     protocol::openCall(arena_, args, Path::kStaged);
     copyBytes(args.out, args.in, b);
-    finalizeInPlace(args.reduce, args.out, args.count, true);
+    finalizeInPlace(args.reduce, args.out, args.count, Sources::kInputs);
     return;
   }
   // Single-copy AllReduce takes three rounds to the staged path's one or two.
@@ -262,7 +262,7 @@ void NodeCollectives::allReduceStaged(const OpArgs& args) {
   const size_t rounds = chunkCount(args.count, chunk);
   const auto* in = static_cast<const uint8_t*>(args.in);
   auto* out = static_cast<uint8_t*>(args.out);
-  std::vector<const void*>& srcs = sources(L);
+  std::vector<const void*>& srcs = sourcePointers(L);
   // Every rank reducing the whole chunk costs L times the reduction work but
   // saves a round: measured, worth it at 2 ranks and for small chunks.
   constexpr size_t kSplitBytes = size_t{128} << 10;
@@ -283,7 +283,7 @@ void NodeCollectives::allReduceStaged(const OpArgs& args) {
       for (int l = 0; l < L; ++l) {
         srcs[l] = arena_.slot(l, parity);
       }
-      reduce(args.reduce, out + off * es, srcs.data(), L, n, true, true);
+      reduce(args.reduce, out + off * es, srcs.data(), L, n, Sources::kInputs, Result::kFinal);
       continue;
     }
     // Rank l reduces slice l (in the same order as above, so the results do
@@ -296,7 +296,7 @@ void NodeCollectives::allReduceStaged(const OpArgs& args) {
       srcs[l] = arena_.slot(l, parity) + slices.begin(me) * es;
     }
     reduce(args.reduce, arena_.slot(me, parity + 1) + slices.begin(me) * es, srcs.data(), L,
-           slices.size(me), true, true);
+           slices.size(me), Sources::kInputs, Result::kFinal);
     round(args.deadline);
     for (int k = 0; k < L; ++k) {
       const int l = (me + k) % L;
@@ -322,8 +322,8 @@ void NodeCollectives::allReduceSingleCopy(const OpArgs& args) {
       slices.begin(me) * es,
       slices.size(me),
       out + slices.begin(me) * es,
-      true,
-      true);
+      Sources::kInputs,
+      Result::kFinal);
   // Inputs may alias outputs: nobody overwrites other slices before every
   // rank has finished reading its inputs.
   round(args.deadline);

@@ -45,6 +45,7 @@
 #include <vector>
 
 #include "algorithm/op.h"
+#include "algorithm/reduce.h"
 #include "common/config.h"
 #include "common/host_buffer.h"
 #include "transport/shm/node_arena.h"
@@ -81,9 +82,9 @@ class NodeCollectives {
   // Reduces `n` elements at byte `offset_bytes` of every rank's input (peers
   // read through single-copy from the address in their descriptor) into
   // dst, in local rank order. With `extra` (n elements of a partial result
-  // from elsewhere, not raw): dst = extra (+) that sum, rounded to the dtype
-  // first, exactly as a ring step would combine a received partial with
-  // the node's; only this last step finalizes. dst may be my_in +
+  // from elsewhere, not inputs): dst = extra (+) that sum, rounded to the
+  // dtype first, exactly as a ring step would combine a received partial
+  // with the node's; only this last step gives `result`. dst may be my_in +
   // offset_bytes.
   void reduceFromPeers(
       const OpArgs& args,
@@ -91,20 +92,20 @@ class NodeCollectives {
       size_t offset_bytes,
       size_t n,
       void* dst,
-      bool raw,
-      bool finalize,
+      Sources sources,
+      Result result,
       const void* extra = nullptr);
-  // Staged ReduceScatter in which every local rank takes `blocks` blocks:
-  // block m of local rank j starts at element block_of(j, m) * args.count of
-  // each input. Reduces my blocks, in local rank order, into dst (block m at
-  // element m * args.count). After protocol::openCall(); verifies the
-  // descriptors.
+  // Staged ReduceScatter of the inputs in which every local rank takes
+  // `blocks` blocks: block m of local rank j starts at element
+  // block_of(j, m) * args.count of each input. Reduces my blocks, in local
+  // rank order, into dst (block m at element m * args.count). After
+  // protocol::openCall(); verifies the descriptors.
   void reduceScatterStagedBlocks(
       const OpArgs& args,
       int blocks,
       const std::function<size_t(int rank, int block)>& block_of,
       uint8_t* dst,
-      bool finalize);
+      Result result);
 
  private:
   void allGatherStaged(const OpArgs& args);
@@ -116,7 +117,7 @@ class NodeCollectives {
 
   uint8_t* scratch(size_t bytes);
   // A reusable array of `n` source pointers (no allocation per call).
-  std::vector<const void*>& sources(int n) {
+  std::vector<const void*>& sourcePointers(int n) {
     sources_.assign(static_cast<size_t>(n), nullptr);
     return sources_;
   }

@@ -13,6 +13,7 @@
 #pragma once
 
 #include <cstddef>
+#include <cstdint>
 
 #include "common/copy.h"
 #include "common/types.h"
@@ -47,6 +48,32 @@ void reduce(
 // (and PREMUL_SUM's scaling when raw). Used when a single source is the
 // whole reduction (a group of one).
 void finalizeInPlace(const ReduceSpec& spec, void* dst, size_t count, bool raw);
+
+// The two flags by name, for the schedules: what a step's sources are and
+// what it produces.
+enum class Sources : uint8_t {
+  kPartials,  // partial results of earlier steps
+  kInputs,    // the collective's inputs: PREMUL_SUM scales each (raw)
+};
+enum class Result : uint8_t {
+  kPartial,  // more steps follow
+  kFinal,    // the last step: AVG divides (finalize)
+};
+
+inline void reduce(
+    const ReduceSpec& spec,
+    void* dst,
+    const void* const* srcs,
+    int nsrc,
+    size_t count,
+    Sources sources,
+    Result result) {
+  reduce(spec, dst, srcs, nsrc, count, sources == Sources::kInputs, result == Result::kFinal);
+}
+
+inline void finalizeInPlace(const ReduceSpec& spec, void* dst, size_t count, Sources sources) {
+  finalizeInPlace(spec, dst, count, sources == Sources::kInputs);
+}
 
 // Name of the kernel set in use ("avx512" or "generic"), for logs and tests.
 const char* reduceKernelIsa();

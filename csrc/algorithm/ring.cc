@@ -82,8 +82,8 @@ void ringReduceScatter(
     const Contributions& contrib,
     void* out,
     const std::vector<size_t>& counts,
-    bool raw,
-    bool finalize,
+    Sources sources,
+    Result result,
     const MessageTag& tag,
     const Deadline& deadline,
     HostBuffer* scratch) {
@@ -94,11 +94,11 @@ void ringReduceScatter(
   if (n == 1) {
     SMDDP_ASSERT(!contrib.finish, "a ring of one member has nothing to finish");
     const void* src[1] = {contrib.base + contrib.offsets[0]};
-    reduce(spec, dst, src, 1, counts[0], raw, finalize);
+    reduce(spec, dst, src, 1, counts[0], sources, result);
     return;
   }
-  // Raw PREMUL_SUM inputs: the ring adds them, the factor scales the sum once.
-  const bool scale_after = raw && spec.op == ReduceOp::kPremulSum;
+  // PREMUL_SUM inputs: the ring adds them, the factor scales the sum once.
+  const bool scale_after = sources == Sources::kInputs && spec.op == ReduceOp::kPremulSum;
   ReduceSpec add = spec;
   if (scale_after) {
     SMDDP_ASSERT(!contrib.finish, "raw PREMUL_SUM contributions cannot be finished by the caller");
@@ -114,6 +114,8 @@ void ringReduceScatter(
   const size_t C = chunkCount(maxb, chunk);
   const uint64_t total = static_cast<uint64_t>(n - 1) * C;
   const RingOrder order{r, n};
+  // The last step's result; the steps before it pass partials on.
+  const Result last = result == Result::kFinal && !scale_after ? Result::kFinal : Result::kPartial;
   uint8_t* tmp = scratch->reserve(static_cast<size_t>(n - 1) * maxb);
   Channel* next = ring.next;
   Channel* prev = ring.prev;
@@ -147,9 +149,9 @@ void ringReduceScatter(
       } else {
         const void* srcs[2] = {part, contrib.base + contrib.offsets[m] + c * chunk};
         if (s < n - 2) {
-          reduce(add, part, srcs, 2, len / es, false, false);
+          reduce(add, part, srcs, 2, len / es, Sources::kPartials, Result::kPartial);
         } else {
-          reduce(add, dst + c * chunk, srcs, 2, len / es, false, finalize && !scale_after);
+          reduce(add, dst + c * chunk, srcs, 2, len / es, Sources::kPartials, last);
         }
       }
       ++processed;
@@ -181,7 +183,7 @@ void ringReduceScatter(
   auto done = [&] { return processed == total && next->sendsDone() - sbase == total; };
   transport::drive(channelsOf(ring), step, done, deadline, ring.drive);
   if (scale_after) {
-    finalizeInPlace(spec, dst, counts[static_cast<size_t>(r)], true);
+    finalizeInPlace(spec, dst, counts[static_cast<size_t>(r)], Sources::kInputs);
   }
 }
 
@@ -191,8 +193,8 @@ void ringAllReduce(
     const void* in,
     void* out,
     size_t count,
-    bool raw,
-    bool finalize,
+    Sources sources,
+    Result result,
     const MessageTag& tag,
     const Deadline& deadline,
     HostBuffer* scratch) {
@@ -200,7 +202,7 @@ void ringAllReduce(
   const size_t es = elementSize(spec.dtype);
   if (n == 1) {
     const void* src[1] = {in};
-    reduce(spec, out, src, 1, count, raw, finalize);
+    reduce(spec, out, src, 1, count, sources, result);
     return;
   }
   const Slices slices{count, static_cast<size_t>(n)};
@@ -217,7 +219,7 @@ void ringAllReduce(
   contrib.offsets = offsets;
   auto* o = static_cast<uint8_t*>(out);
   ringReduceScatter(
-      ring, spec, contrib, o + offsets[ring.index], counts, raw, finalize, tag, deadline, scratch);
+      ring, spec, contrib, o + offsets[ring.index], counts, sources, result, tag, deadline, scratch);
   ringAllGather(ring, o, offsets, sizes, tag, deadline);
 }
 

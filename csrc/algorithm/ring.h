@@ -7,9 +7,9 @@
 // soon as chunk c of step s has arrived, so the steps overlap. Both ends
 // post the same messages in the same order (step-major, chunk-minor), which
 // is what lets a message carry only a tag to be checked. Which block each
-// step moves is protocol::RingOrder's; blocks of unequal size are cut alike (chunkCount of the largest; a chunk past the end of a
-// shorter block is an empty message), so every member agrees on the
-// schedule.
+// step moves is protocol::RingOrder's; blocks of unequal size are cut alike
+// (chunkCount of the largest; a chunk past the end of a shorter block is an
+// empty message), so every member agrees on the schedule.
 //
 // Schedules, drawn for n = 3 members A, B, C with blocks a, b, c:
 //
@@ -39,6 +39,7 @@
 
 #include "algorithm/chunks.h"
 #include "algorithm/op.h"
+#include "algorithm/reduce.h"
 #include "common/host_buffer.h"
 #include "transport/channel.h"
 
@@ -76,26 +77,26 @@ struct Contributions {
   // If set, the last step of my own block, in place of the ring's
   // dst = part (+) mine: `part` is the other members' contributions,
   // reduced, for `n` elements at byte `offset` of the block; finish applies
-  // AVG's division itself when the ring's `finalize` asks for it. My own
+  // AVG's division itself when the ring's result is final. My own
   // block's entry in base/offsets and `ready` are then never used. Lets a
   // caller compute its contribution as it goes rather than store it in base.
-  // Not with raw PREMUL_SUM contributions (the ring scales its result).
+  // Not with PREMUL_SUM inputs as contributions (the ring scales its result).
   std::function<void(void* dst, const void* part, size_t offset, size_t n)> finish;
 };
 
 // ReduceScatter: block i (counts[i] elements) of every member reduced into
-// member i's `out`. `raw`: the contributions are the collective's inputs
-// (PREMUL_SUM's factor is applied once, to the result). `finalize`: apply
-// AVG's division to the result. Chunks are chunk_bytes rounded down to
-// whole elements.
+// member i's `out`. Sources::kInputs: the contributions are the collective's
+// inputs (PREMUL_SUM's factor is applied once, to the result).
+// Result::kFinal: apply AVG's division to the result. Chunks are chunk_bytes
+// rounded down to whole elements.
 void ringReduceScatter(
     const Ring& ring,
     const ReduceSpec& spec,
     const Contributions& contrib,
     void* out,
     const std::vector<size_t>& counts,
-    bool raw,
-    bool finalize,
+    Sources sources,
+    Result result,
     const transport::MessageTag& tag,
     const Deadline& deadline,
     HostBuffer* scratch);
@@ -107,8 +108,8 @@ void ringAllReduce(
     const void* in,
     void* out,
     size_t count,
-    bool raw,
-    bool finalize,
+    Sources sources,
+    Result result,
     const transport::MessageTag& tag,
     const Deadline& deadline,
     HostBuffer* scratch);

@@ -101,13 +101,13 @@ void RingCommunicator::reduceScatter(const OpArgs& args) {
   }
   ringReduceScatter(
       ringFor(args), args.reduce, contrib, args.out, std::vector<size_t>(static_cast<size_t>(n), args.count),
-      true, true, protocol::tagOf(args), args.deadline, &scratch_);
+      Sources::kInputs, Result::kFinal, protocol::tagOf(args), args.deadline, &scratch_);
 }
 
 void RingCommunicator::allReduce(const OpArgs& args) {
   ringAllReduce(
-      ringFor(args), args.reduce, args.in, args.out, args.count, true, true, protocol::tagOf(args),
-      args.deadline, &scratch_);
+      ringFor(args), args.reduce, args.in, args.out, args.count, Sources::kInputs, Result::kFinal,
+      protocol::tagOf(args), args.deadline, &scratch_);
 }
 
 void RingCommunicator::broadcast(const OpArgs& args) {

@@ -286,7 +286,8 @@ SMDDP_TEST(ring_schedules_move_blocks_in_ring_order) {
     };
     HostBuffer scratch;
     algorithm::ringReduceScatter(ring, {DataType::kFloat32, ReduceOp::kSum}, contrib, res.data(),
-                                 std::vector<size_t>(kN, count), true, true,
+                                 std::vector<size_t>(kN, count), algorithm::Sources::kInputs,
+                                 algorithm::Result::kFinal,
                                  algorithm::protocol::tagOf(call(CollectiveKind::kReduceScatter, count, 1)), dl,
                                  &scratch);
     EXPECT_EQ(asked.size(), static_cast<size_t>(kN));
