@@ -12,9 +12,21 @@ namespace smddp::algorithm {
 
 namespace {
 
-// See hierarchical.h; measured on 2 emulated nodes x 2 ranks.
+// A call whose rail blocks each fit in one chunk (SMDDP_CHUNK_BYTES) and
+// whose rail data (a block per node) is at most this runs its stages one
+// after the other on the calling thread: a pipeline of one chunk per block
+// could overlap nothing but the rail's own steps, and would pay two thread
+// hand-offs for it.
 constexpr size_t kSequentialBytes = size_t{512} << 10;
+// The sequential single-copy AllGather pushes its own block to the node
+// peers in pieces of at most this (and at most a rail chunk), each right
+// after reading it from the input: a piece is written to the peers while
+// it is still in this core's cache.
 constexpr size_t kPushPiece = size_t{256} << 10;
+// The rail cuts a block into at least kRailChunks chunks, so that the next
+// stage starts on the first chunk while the second crosses; no chunk is cut
+// under kMinRailChunk, which bounds the per-message cost against the bytes
+// moved, nor over SMDDP_CHUNK_BYTES.
 constexpr size_t kRailChunks = 2;
 constexpr size_t kMinRailChunk = size_t{256} << 10;
 
@@ -159,9 +171,7 @@ Ring HierarchicalCommunicator::railRing(const OpArgs& args, RailOn on) {
 size_t HierarchicalCommunicator::railChunk(size_t b, size_t es) const {
   // At least kRailChunks chunks per block, down to kMinRailChunk: a block in
   // one chunk crosses whole before the node stage may touch it, or before
-  // the ReduceScatter's last step may reduce any of it (2 x 2 on 2 cores, at
-  // 2M and 4M: AllGather 10-25 %, ReduceScatter 12-20 % faster in two chunks
-  // than in one; four chunks of 512K at 8M were slower than two of 1M).
+  // the ReduceScatter's last step may reduce any of it.
   const size_t part = ceilDiv(ceilDiv(b, kRailChunks), 64) * 64;
   const size_t bytes = std::min(config_.chunk_bytes, std::max(kMinRailChunk, part));
   return std::max<size_t>(1, bytes / es) * es;
@@ -420,7 +430,7 @@ bool HierarchicalCommunicator::sequential(size_t block_bytes) const {
     return config_.pipeline == Tristate::kOff;
   }
   // With more ranks than CPUs the rail stage's thread has no core of its
-  // own to overlap on (2x2 on 2 cores, 4M-64M: 3-50 % faster sequential).
+  // own to overlap on.
   if (config_.oversubscribed()) {
     return true;
   }
@@ -464,7 +474,7 @@ void HierarchicalCommunicator::allGatherSequential(const OpArgs& args) {
     // Push, not pull: each chunk of my block and of my rail's blocks goes to
     // every node peer right after this rank has read or received it, while
     // it is still in cache; a peer pulling it after the rail would read it
-    // from memory (2 x 2 on 2 cores: AllGather at 16M about 15 % faster).
+    // from memory.
     const size_t chunk = railChunk(b, 1);
     auto push = [&](size_t off, const uint8_t* src, size_t len) {
       for (int k = 1; k < L; ++k) {
@@ -580,8 +590,8 @@ void HierarchicalCommunicator::allReduce(const OpArgs& args) {
     return;
   }
   const size_t b = args.count * args.elemSize();
-  // As on one node: single-copy reads pay from 128K per rank.
-  if (b <= arena_->slotBytes() && !node_->useSingleCopy(b / static_cast<size_t>(L), size_t{128} << 10)) {
+  // As on one node.
+  if (b <= arena_->slotBytes() && !node_->useSingleCopyForAllReduce(b)) {
     allReduceStaged(args);
     return;
   }

@@ -38,9 +38,9 @@
 // message when the host's ranks outnumber its CPUs (the second thread has no
 // core to overlap on), run both stages on the calling thread, one after the
 // other: there the two thread hand-offs of the pipeline cost more than the
-// overlap saves (2x2 ReduceScatter 4K: 224 us pipelined, 60 us not), and the
-// node stage goes through the staging slots when single-copy reads do not
-// pay (NodeCollectives::useSingleCopy). SMDDP_PIPELINE overrides the choice.
+// overlap saves, and the node stage goes through the staging slots when
+// single-copy reads do not pay (NodeCollectives::useSingleCopy).
+// SMDDP_PIPELINE overrides the choice.
 // Both paths reduce in the same order: the result does not depend on the
 // path.
 //

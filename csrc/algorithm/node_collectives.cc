@@ -11,6 +11,38 @@ namespace smddp::algorithm {
 
 using protocol::Path;
 
+namespace {
+
+// A cross-memory read moves a block in one copy where the staging slots take
+// two, but each read is a system call that pins the source pages: it pays
+// from the block size where the copy saved outweighs that fixed cost. Where
+// the host's ranks outnumber its CPUs, the calls and the pinning compete
+// with the very peers a rank waits for, so the threshold is higher there
+// (docs/design.md, "Where the time goes, as design rules").
+constexpr size_t kSingleCopyMinBytes = size_t{32} << 10;
+constexpr size_t kSingleCopyMinBytesOversubscribed = size_t{1} << 20;
+
+// The single-copy AllReduce takes three rounds to the staged path's one or
+// two: it is taken only for slices (bytes per rank) of at least this much.
+constexpr size_t kAllReduceSingleCopyMinBytes = size_t{128} << 10;
+
+// reduceFromPeers reads a chunk of every peer's data into scratch and
+// reduces the chunks together: all of them fit in this budget, and none
+// exceeds the upper bound, so that they are still in the L2 cache when
+// reduced; none is under the lower bound, so that a read is long enough to
+// amortise its system call.
+constexpr size_t kPeerChunksBytes = size_t{1} << 20;
+constexpr size_t kMinPeerChunkBytes = size_t{64} << 10;
+constexpr size_t kMaxPeerChunkBytes = size_t{256} << 10;
+
+// The staged AllReduce: every rank reducing the whole chunk repeats the
+// other ranks' work but saves the round that gathers their slices. The
+// repetition is accepted while the others' share of a round's chunk is at
+// most this, and always at 2 ranks.
+constexpr size_t kStagedSplitBytes = size_t{128} << 10;
+
+} // namespace
+
 NodeCollectives::NodeCollectives(transport::NodeArena& arena, const Config& config)
     : arena_(arena), config_(config) {}
 
@@ -32,10 +64,11 @@ size_t NodeCollectives::singleCopyMinBytes() const {
   if (config_.single_copy_min_bytes != kAutoBytes) {
     return config_.single_copy_min_bytes;
   }
-  // Measured: a cross-memory read beats two copies through the staging slots
-  // from about 32K per rank, but with more ranks than CPUs its system calls
-  // and page pinning cost more than the copies save until about 1M.
-  return config_.oversubscribed() ? (size_t{1} << 20) : (size_t{32} << 10);
+  return config_.oversubscribed() ? kSingleCopyMinBytesOversubscribed : kSingleCopyMinBytes;
+}
+
+bool NodeCollectives::useSingleCopyForAllReduce(size_t bytes) const {
+  return useSingleCopy(bytes / static_cast<size_t>(localSize()), kAllReduceSingleCopyMinBytes);
 }
 
 uint8_t* NodeCollectives::scratch(size_t bytes) {
@@ -187,9 +220,8 @@ void NodeCollectives::reduceFromPeers(
   const size_t es = args.elemSize();
   const int L = localSize();
   const int me = localRank();
-  // Per-peer chunks small enough that all of them stay in the L2 cache.
-  const size_t per_peer = std::clamp<size_t>(
-      (size_t{1} << 20) / static_cast<size_t>(L - 1), 64 << 10, 256 << 10);
+  const size_t per_peer =
+      std::clamp<size_t>(kPeerChunksBytes / static_cast<size_t>(L - 1), kMinPeerChunkBytes, kMaxPeerChunkBytes);
   const size_t chunk = std::max<size_t>(1, per_peer / es);
   uint8_t* buf = scratch(static_cast<size_t>(L) * chunk * es);
   std::vector<const void*>& srcs = sourcePointers(L);
@@ -246,8 +278,7 @@ void NodeCollectives::allReduce(const OpArgs& args) {
     finalizeInPlace(args.reduce, args.out, args.count, Sources::kInputs);
     return;
   }
-  // Single-copy AllReduce takes three rounds to the staged path's one or two.
-  if (useSingleCopy(b / static_cast<size_t>(localSize()), size_t{128} << 10)) {
+  if (useSingleCopyForAllReduce(b)) {
     allReduceSingleCopy(args);
   } else {
     allReduceStaged(args);
@@ -263,11 +294,8 @@ void NodeCollectives::allReduceStaged(const OpArgs& args) {
   const auto* in = static_cast<const uint8_t*>(args.in);
   auto* out = static_cast<uint8_t*>(args.out);
   std::vector<const void*>& srcs = sourcePointers(L);
-  // Every rank reducing the whole chunk costs L times the reduction work but
-  // saves a round: measured, worth it at 2 ranks and for small chunks.
-  constexpr size_t kSplitBytes = size_t{128} << 10;
   const bool split = L > 2 && static_cast<size_t>(L - 1) * std::min(args.count, chunk) * es >
-      kSplitBytes;
+      kStagedSplitBytes;
   protocol::openCall(arena_, args, Path::kStaged);
   for (size_t t = 0; t < rounds; ++t) {
     const size_t off = t * chunk;

@@ -73,6 +73,8 @@ class NodeCollectives {
   // With SMDDP_SINGLE_COPY=auto: from the configured size, and at least `floor`.
   bool useSingleCopy(size_t bytes_per_rank, size_t floor = 0) const;
   size_t singleCopyMinBytes() const;
+  // Whether an AllReduce of `bytes` (the whole tensor) takes it.
+  bool useSingleCopyForAllReduce(size_t bytes) const;
 
   // The building blocks, public for the hierarchical schedules that run a
   // node stage of their own (after protocol::openCall).
