@@ -2,7 +2,7 @@
 
 #include <atomic>
 
-#include "algorithm/hierarchical.h"
+#include "algorithm/hierarchical/hierarchical_communicator.h"
 #include "algorithm/node_collectives.h"
 #include "algorithm/ring_communicator.h"
 #include "common/error.h"
