@@ -2,7 +2,7 @@
 
 #include <atomic>
 
-#include "algorithm/hierarchical.h"
+#include "algorithm/hierarchical/hierarchical_communicator.h"
 #include "algorithm/node_collectives.h"
 #include "algorithm/ring_communicator.h"
 #include "common/error.h"
@@ -27,12 +27,15 @@ transport::SocketMesh::Options socketOptions(const Config& config, const NetOpti
   so.peer_hint = net.store_host;
   so.streams = config.socket_streams;
   so.timeout = net.timeout;
-  // Where a sender and its receiver take turns on one core, autotuning
-  // grows the receive queue to megabytes and what the sender wrote has left
-  // the cache when the receiver runs (2 x 2 on 2 cores: AllGather and
-  // ReduceScatter at 16M 20-40 % slower, see README). Ranks with cores of
-  // their own lose by the bound (2 x 1 on 2 cores: 15 % at 16M), and a size
-  // rmem_max would cap is better left to the kernel.
+  // Where a sender and its receiver take turns on one core (the host's
+  // ranks outnumber its CPUs), autotuning grows the receive queue to
+  // megabytes and what the sender wrote has left the cache by the time the
+  // receiver runs: auto bounds the queue there, so that a chunk is read
+  // while it is still cached. Ranks with cores of their own keep
+  // autotuning (there the bound costs throughput: a sender running beside
+  // its receiver would wait on a full queue), and so does a host whose
+  // rmem_max is below the bound (the kernel would cap it anyway). See
+  // docs/design.md, "Where the time goes, as design rules".
   constexpr size_t kAutoRcvbuf = size_t{1} << 20;
   const size_t max = transport::receiveBufferMax();
   if (config.socket_rcvbuf_bytes == kAutoBytes) {

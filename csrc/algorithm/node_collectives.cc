@@ -3,12 +3,45 @@
 #include <algorithm>
 #include <cstring>
 
-#include "algorithm/ring.h"
+#include "algorithm/chunks.h"
+#include "algorithm/protocol.h"
 #include "common/error.h"
 
 namespace smddp::algorithm {
 
-using transport::OpDesc;
+using protocol::Path;
+
+namespace {
+
+// A cross-memory read moves a block in one copy where the staging slots take
+// two, but each read is a system call that pins the source pages: it pays
+// from the block size where the copy saved outweighs that fixed cost. Where
+// the host's ranks outnumber its CPUs, the calls and the pinning compete
+// with the very peers a rank waits for, so the threshold is higher there
+// (docs/design.md, "Where the time goes, as design rules").
+constexpr size_t kSingleCopyMinBytes = size_t{32} << 10;
+constexpr size_t kSingleCopyMinBytesOversubscribed = size_t{1} << 20;
+
+// The single-copy AllReduce takes three rounds to the staged path's one or
+// two: it is taken only for slices (bytes per rank) of at least this much.
+constexpr size_t kAllReduceSingleCopyMinBytes = size_t{128} << 10;
+
+// reduceFromPeers reads a chunk of every peer's data into scratch and
+// reduces the chunks together: all of them fit in this budget, and none
+// exceeds the upper bound, so that they are still in the L2 cache when
+// reduced; none is under the lower bound, so that a read is long enough to
+// amortise its system call.
+constexpr size_t kPeerChunksBytes = size_t{1} << 20;
+constexpr size_t kMinPeerChunkBytes = size_t{64} << 10;
+constexpr size_t kMaxPeerChunkBytes = size_t{256} << 10;
+
+// The staged AllReduce: every rank reducing the whole chunk repeats the
+// other ranks' work but saves the round that gathers their slices. The
+// repetition is accepted while the others' share of a round's chunk is at
+// most this, and always at 2 ranks.
+constexpr size_t kStagedSplitBytes = size_t{128} << 10;
+
+} // namespace
 
 NodeCollectives::NodeCollectives(transport::NodeArena& arena, const Config& config)
     : arena_(arena), config_(config) {}
@@ -31,10 +64,11 @@ size_t NodeCollectives::singleCopyMinBytes() const {
   if (config_.single_copy_min_bytes != kAutoBytes) {
     return config_.single_copy_min_bytes;
   }
-  // Measured: a cross-memory read beats two copies through the staging slots
-  // from about 32K per rank, but with more ranks than CPUs its system calls
-  // and page pinning cost more than the copies save until about 1M.
-  return config_.oversubscribed() ? (size_t{1} << 20) : (size_t{32} << 10);
+  return config_.oversubscribed() ? kSingleCopyMinBytesOversubscribed : kSingleCopyMinBytes;
+}
+
+bool NodeCollectives::useSingleCopyForAllReduce(size_t bytes) const {
+  return useSingleCopy(bytes / static_cast<size_t>(localSize()), kAllReduceSingleCopyMinBytes);
 }
 
 uint8_t* NodeCollectives::scratch(size_t bytes) {
@@ -46,46 +80,12 @@ void NodeCollectives::round(const Deadline& deadline) {
   arena_.waitAllPhase(arena_.phase(), deadline);
 }
 
-void NodeCollectives::openCall(const OpArgs& args, Path path) {
-  OpDesc& d = arena_.myDesc(args.seq);
-  d.call = messageTag(args);
-  d.path = path;
-  d.in_addr = reinterpret_cast<uint64_t>(args.in);
-  d.out_addr = reinterpret_cast<uint64_t>(args.out);
-}
-
-void NodeCollectives::verifyDescs(const OpArgs& args) {
-  const OpDesc& mine = arena_.myDesc(args.seq);
-  bool differ = false;
-  for (int l = 0; l < localSize(); ++l) {
-    const OpDesc& p = arena_.peerDesc(l, args.seq);
-    differ = differ || !p.call.sameCall(mine.call) || p.path != mine.path;
-  }
-  if (!differ) {
-    return;
-  }
-  std::string calls;
-  for (int l = 0; l < localSize(); ++l) {
-    const OpDesc& p = arena_.peerDesc(l, args.seq);
-    calls += str("; rank ", arena_.groupRankOf(l), ": #", p.call.seq, " ", p.call.describe(),
-                 p.path == kSingleCopy ? " single-copy" : " staged");
-  }
-  SMDDP_THROW(
-      kMismatch,
-      "ranks disagree on collective #",
-      args.seq,
-      calls,
-      ". Every rank of a group must make the same collective calls in the "
-      "same order, with the same sizes, dtypes and reduce ops (and the same "
-      "SMDDP_* settings)");
-}
-
 // ---------------------------------------------------------------- AllGather
 
 void NodeCollectives::allGather(const OpArgs& args) {
   const size_t b = args.count * args.elemSize();
   if (localSize() == 1) {
-    openCall(args, kStaged);
+    protocol::openCall(arena_, args, Path::kStaged);
     copyBytes(args.out, args.in, b);
     return;
   }
@@ -99,19 +99,19 @@ void NodeCollectives::allGather(const OpArgs& args) {
 void NodeCollectives::allGatherStaged(const OpArgs& args) {
   const size_t b = args.count * args.elemSize();
   const size_t slot = arena_.slotBytes();
-  const size_t rounds = std::max<size_t>(1, ceilDiv(b, slot));
+  const size_t rounds = chunkCount(b, slot);
   const int me = localRank();
   const auto* in = static_cast<const uint8_t*>(args.in);
   auto* out = static_cast<uint8_t*>(args.out);
-  openCall(args, kStaged);
+  protocol::openCall(arena_, args, Path::kStaged);
   for (size_t t = 0; t < rounds; ++t) {
     const size_t off = t * slot;
-    const size_t n = std::min(slot, b - std::min(b, off));
+    const size_t n = chunkLen(b, slot, t);
     const uint32_t parity = arena_.phase() + 1;
     copyBytes(arena_.slot(me, parity), in + off, n);
     round(args.deadline);
     if (t == 0) {
-      verifyDescs(args);
+      protocol::verifyCall(arena_, args);
     }
     for (int k = 0; k < localSize(); ++k) {
       const int l = (me + k) % localSize();
@@ -128,15 +128,15 @@ void NodeCollectives::allGatherSingleCopy(const OpArgs& args) {
   const size_t b = args.count * args.elemSize();
   const int me = localRank();
   auto* out = static_cast<uint8_t*>(args.out);
-  openCall(args, kSingleCopy);
+  protocol::openCall(arena_, args, Path::kSingleCopy);
   // Peers read only this rank's input: the own block can be placed while
   // they arrive.
   copyBytes(out + static_cast<size_t>(me) * b, args.in, b);
   round(args.deadline);
-  verifyDescs(args);
+  protocol::verifyCall(arena_, args);
   for (int k = 1; k < localSize(); ++k) {
     const int l = (me + k) % localSize();
-    arena_.readFrom(l, out + static_cast<size_t>(l) * b, arena_.peerDesc(l, args.seq).in_addr, b);
+    arena_.readFrom(l, out + static_cast<size_t>(l) * b, protocol::peerCall(arena_, l, args.seq).in_addr, b);
   }
   // Nobody returns (and lets its input change) before every reader is done.
   round(args.deadline);
@@ -147,9 +147,9 @@ void NodeCollectives::allGatherSingleCopy(const OpArgs& args) {
 void NodeCollectives::reduceScatter(const OpArgs& args) {
   const size_t b = args.count * args.elemSize();
   if (localSize() == 1) {
-    openCall(args, kStaged);
+    protocol::openCall(arena_, args, Path::kStaged);
     copyBytes(args.out, args.in, b);
-    finalizeInPlace(args.reduce, args.out, args.count, true);
+    finalizeInPlace(args.reduce, args.out, args.count, Sources::kInputs);
     return;
   }
   if (useSingleCopy(b)) {
@@ -160,9 +160,9 @@ void NodeCollectives::reduceScatter(const OpArgs& args) {
 }
 
 void NodeCollectives::reduceScatterStaged(const OpArgs& args) {
-  openCall(args, kStaged);
+  protocol::openCall(arena_, args, Path::kStaged);
   reduceScatterStagedBlocks(
-      args, 1, [](int j, int) { return static_cast<size_t>(j); }, static_cast<uint8_t*>(args.out), true);
+      args, 1, [](int j, int) { return static_cast<size_t>(j); }, static_cast<uint8_t*>(args.out), Result::kFinal);
 }
 
 void NodeCollectives::reduceScatterStagedBlocks(
@@ -170,7 +170,7 @@ void NodeCollectives::reduceScatterStagedBlocks(
     int blocks,
     const std::function<size_t(int rank, int block)>& block_of,
     uint8_t* dst,
-    bool finalize) {
+    Result result) {
   const size_t es = args.elemSize();
   const int L = localSize();
   const int me = localRank();
@@ -178,12 +178,12 @@ void NodeCollectives::reduceScatterStagedBlocks(
   // Each round stages the same sub-chunk of every destination's blocks.
   // Slot layout: [destination local rank][its block][chunk].
   const size_t chunk = std::max<size_t>(1, arena_.slotBytes() / (static_cast<size_t>(L) * B * es));
-  const size_t rounds = std::max<size_t>(1, ceilDiv(args.count, chunk));
+  const size_t rounds = chunkCount(args.count, chunk);
   const auto* in = static_cast<const uint8_t*>(args.in);
-  std::vector<const void*>& srcs = sources(L);
+  std::vector<const void*>& srcs = sourcePointers(L);
   for (size_t t = 0; t < rounds; ++t) {
     const size_t off = t * chunk;
-    const size_t n = std::min(chunk, args.count - std::min(args.count, off));
+    const size_t n = chunkLen(args.count, chunk, t);
     const uint32_t parity = arena_.phase() + 1;
     uint8_t* mine = arena_.slot(me, parity);
     for (int j = 0; j < L; ++j) {
@@ -194,7 +194,7 @@ void NodeCollectives::reduceScatterStagedBlocks(
     }
     round(args.deadline);
     if (t == 0) {
-      verifyDescs(args);
+      protocol::verifyCall(arena_, args);
     }
     for (int m = 0; m < blocks; ++m) {
       for (int l = 0; l < L; ++l) {
@@ -202,8 +202,8 @@ void NodeCollectives::reduceScatterStagedBlocks(
             ? in + (block_of(me, m) * args.count + off) * es
             : arena_.slot(l, parity) + (static_cast<size_t>(me) * B + static_cast<size_t>(m)) * chunk * es;
       }
-      reduce(args.reduce, dst + (static_cast<size_t>(m) * args.count + off) * es, srcs.data(), L, n, true,
-             finalize);
+      reduce(args.reduce, dst + (static_cast<size_t>(m) * args.count + off) * es, srcs.data(), L, n,
+             Sources::kInputs, result);
     }
   }
 }
@@ -214,18 +214,17 @@ void NodeCollectives::reduceFromPeers(
     size_t offset_bytes,
     size_t n,
     void* dst,
-    bool raw,
-    bool finalize,
+    Sources sources,
+    Result result,
     const void* extra) {
   const size_t es = args.elemSize();
   const int L = localSize();
   const int me = localRank();
-  // Per-peer chunks small enough that all of them stay in the L2 cache.
-  const size_t per_peer = std::clamp<size_t>(
-      (size_t{1} << 20) / static_cast<size_t>(L - 1), 64 << 10, 256 << 10);
+  const size_t per_peer =
+      std::clamp<size_t>(kPeerChunksBytes / static_cast<size_t>(L - 1), kMinPeerChunkBytes, kMaxPeerChunkBytes);
   const size_t chunk = std::max<size_t>(1, per_peer / es);
   uint8_t* buf = scratch(static_cast<size_t>(L) * chunk * es);
-  std::vector<const void*>& srcs = sources(L);
+  std::vector<const void*>& srcs = sourcePointers(L);
   // With `extra`, the node's sum goes through my own (unused) slot of the
   // scratch, still in the cache when the ring's two-operand step reads it.
   uint8_t* sum = buf + static_cast<size_t>(me) * chunk * es;
@@ -238,34 +237,34 @@ void NodeCollectives::reduceFromPeers(
         srcs[l] = my_in + byte_off;
       } else {
         uint8_t* tmp = buf + static_cast<size_t>(l) * chunk * es;
-        arena_.readFrom(l, tmp, arena_.peerDesc(l, args.seq).in_addr + byte_off, m * es);
+        arena_.readFrom(l, tmp, protocol::peerCall(arena_, l, args.seq).in_addr + byte_off, m * es);
         srcs[l] = tmp;
       }
     }
     if (extra == nullptr) {
-      reduce(args.reduce, d + off * es, srcs.data(), L, m, raw, finalize);
+      reduce(args.reduce, d + off * es, srcs.data(), L, m, sources, result);
       continue;
     }
-    reduce(args.reduce, sum, srcs.data(), L, m, raw, false);
+    reduce(args.reduce, sum, srcs.data(), L, m, sources, Result::kPartial);
     const void* pair[2] = {static_cast<const uint8_t*>(extra) + off * es, sum};
-    reduce(args.reduce, d + off * es, pair, 2, m, false, finalize);
+    reduce(args.reduce, d + off * es, pair, 2, m, Sources::kPartials, result);
   }
 }
 
 void NodeCollectives::reduceScatterSingleCopy(const OpArgs& args) {
   const size_t es = args.elemSize();
   const int me = localRank();
-  openCall(args, kSingleCopy);
+  protocol::openCall(arena_, args, Path::kSingleCopy);
   round(args.deadline);
-  verifyDescs(args);
+  protocol::verifyCall(arena_, args);
   reduceFromPeers(
       args,
       static_cast<const uint8_t*>(args.in),
       static_cast<size_t>(me) * args.count * es,
       args.count,
       args.out,
-      true,
-      true);
+      Sources::kInputs,
+      Result::kFinal);
   round(args.deadline);
 }
 
@@ -274,13 +273,12 @@ void NodeCollectives::reduceScatterSingleCopy(const OpArgs& args) {
 void NodeCollectives::allReduce(const OpArgs& args) {
   const size_t b = args.count * args.elemSize();
   if (localSize() == 1) {
-    openCall(args, kStaged);
+    protocol::openCall(arena_, args, Path::kStaged);
     copyBytes(args.out, args.in, b);
-    finalizeInPlace(args.reduce, args.out, args.count, true);
+    finalizeInPlace(args.reduce, args.out, args.count, Sources::kInputs);
     return;
   }
-  // Single-copy AllReduce takes three rounds to the staged path's one or two.
-  if (useSingleCopy(b / static_cast<size_t>(localSize()), size_t{128} << 10)) {
+  if (useSingleCopyForAllReduce(b)) {
     allReduceSingleCopy(args);
   } else {
     allReduceStaged(args);
@@ -292,31 +290,28 @@ void NodeCollectives::allReduceStaged(const OpArgs& args) {
   const int L = localSize();
   const int me = localRank();
   const size_t chunk = arena_.slotBytes() / es;
-  const size_t rounds = std::max<size_t>(1, ceilDiv(args.count, chunk));
+  const size_t rounds = chunkCount(args.count, chunk);
   const auto* in = static_cast<const uint8_t*>(args.in);
   auto* out = static_cast<uint8_t*>(args.out);
-  std::vector<const void*>& srcs = sources(L);
-  // Every rank reducing the whole chunk costs L times the reduction work but
-  // saves a round: measured, worth it at 2 ranks and for small chunks.
-  constexpr size_t kSplitBytes = size_t{128} << 10;
+  std::vector<const void*>& srcs = sourcePointers(L);
   const bool split = L > 2 && static_cast<size_t>(L - 1) * std::min(args.count, chunk) * es >
-      kSplitBytes;
-  openCall(args, kStaged);
+      kStagedSplitBytes;
+  protocol::openCall(arena_, args, Path::kStaged);
   for (size_t t = 0; t < rounds; ++t) {
     const size_t off = t * chunk;
-    const size_t n = std::min(chunk, args.count - std::min(args.count, off));
+    const size_t n = chunkLen(args.count, chunk, t);
     const uint32_t parity = arena_.phase() + 1;
     copyBytes(arena_.slot(me, parity), in + off * es, n * es);
     round(args.deadline);
     if (t == 0) {
-      verifyDescs(args);
+      protocol::verifyCall(arena_, args);
     }
     if (!split) {
       // Every rank reduces the same slots in the same order: identical results.
       for (int l = 0; l < L; ++l) {
         srcs[l] = arena_.slot(l, parity);
       }
-      reduce(args.reduce, out + off * es, srcs.data(), L, n, true, true);
+      reduce(args.reduce, out + off * es, srcs.data(), L, n, Sources::kInputs, Result::kFinal);
       continue;
     }
     // Rank l reduces slice l (in the same order as above, so the results do
@@ -329,7 +324,7 @@ void NodeCollectives::allReduceStaged(const OpArgs& args) {
       srcs[l] = arena_.slot(l, parity) + slices.begin(me) * es;
     }
     reduce(args.reduce, arena_.slot(me, parity + 1) + slices.begin(me) * es, srcs.data(), L,
-           slices.size(me), true, true);
+           slices.size(me), Sources::kInputs, Result::kFinal);
     round(args.deadline);
     for (int k = 0; k < L; ++k) {
       const int l = (me + k) % L;
@@ -345,9 +340,9 @@ void NodeCollectives::allReduceSingleCopy(const OpArgs& args) {
   const int me = localRank();
   const Slices slices{args.count, static_cast<size_t>(L)};
   auto* out = static_cast<uint8_t*>(args.out);
-  openCall(args, kSingleCopy);
+  protocol::openCall(arena_, args, Path::kSingleCopy);
   round(args.deadline);
-  verifyDescs(args);
+  protocol::verifyCall(arena_, args);
   // Reduce my slice from every rank's input into my output.
   reduceFromPeers(
       args,
@@ -355,8 +350,8 @@ void NodeCollectives::allReduceSingleCopy(const OpArgs& args) {
       slices.begin(me) * es,
       slices.size(me),
       out + slices.begin(me) * es,
-      true,
-      true);
+      Sources::kInputs,
+      Result::kFinal);
   // Inputs may alias outputs: nobody overwrites other slices before every
   // rank has finished reading its inputs.
   round(args.deadline);
@@ -365,7 +360,7 @@ void NodeCollectives::allReduceSingleCopy(const OpArgs& args) {
     arena_.readFrom(
         l,
         out + slices.begin(l) * es,
-        arena_.peerDesc(l, args.seq).out_addr + slices.begin(l) * es,
+        protocol::peerCall(arena_, l, args.seq).out_addr + slices.begin(l) * es,
         slices.size(l) * es);
   }
   round(args.deadline);
@@ -378,36 +373,36 @@ void NodeCollectives::broadcast(const OpArgs& args) {
   const int me = localRank();
   auto* out = static_cast<uint8_t*>(args.out);
   if (localSize() == 1) {
-    openCall(args, kStaged);
+    protocol::openCall(arena_, args, Path::kStaged);
     copyBytes(args.out, args.in, b);
     return;
   }
   if (useSingleCopy(b)) {
-    openCall(args, kSingleCopy);
+    protocol::openCall(arena_, args, Path::kSingleCopy);
     round(args.deadline);
-    verifyDescs(args);
+    protocol::verifyCall(arena_, args);
     if (me == args.root) {
       copyBytes(out, args.in, b);
     } else {
-      arena_.readFrom(args.root, out, arena_.peerDesc(args.root, args.seq).in_addr, b);
+      arena_.readFrom(args.root, out, protocol::peerCall(arena_, args.root, args.seq).in_addr, b);
     }
     round(args.deadline);
     return;
   }
   const size_t slot = arena_.slotBytes();
-  const size_t rounds = std::max<size_t>(1, ceilDiv(b, slot));
+  const size_t rounds = chunkCount(b, slot);
   const auto* in = static_cast<const uint8_t*>(args.in);
-  openCall(args, kStaged);
+  protocol::openCall(arena_, args, Path::kStaged);
   for (size_t t = 0; t < rounds; ++t) {
     const size_t off = t * slot;
-    const size_t n = std::min(slot, b - std::min(b, off));
+    const size_t n = chunkLen(b, slot, t);
     const uint32_t parity = arena_.phase() + 1;
     if (me == args.root) {
       copyBytes(arena_.slot(me, parity), in + off, n);
     }
     round(args.deadline);
     if (t == 0) {
-      verifyDescs(args);
+      protocol::verifyCall(arena_, args);
     }
     if (me == args.root) {
       if (out + off != in + off) {
@@ -420,12 +415,12 @@ void NodeCollectives::broadcast(const OpArgs& args) {
 }
 
 void NodeCollectives::barrier(const OpArgs& args) {
-  openCall(args, kStaged);
+  protocol::openCall(arena_, args, Path::kStaged);
   if (localSize() == 1) {
     return;
   }
   round(args.deadline);
-  verifyDescs(args);
+  protocol::verifyCall(arena_, args);
 }
 
 } // namespace smddp::algorithm

@@ -30,9 +30,10 @@
 //                            AllGather of the reduced slices from the peers'
 //                            outputs
 //
-// Every call starts with a round that publishes an OpDesc; each rank compares
-// every peer's with its own and throws kMismatch (on every rank) if they
-// differ. The reduction order is always local rank 0, 1, ..., so results are
+// Every call starts with a round that publishes the rank's call descriptor
+// (protocol::openCall); each rank compares every peer's with its own and
+// throws kMismatch (on every rank) if they differ (protocol::verifyCall).
+// The reduction order is always local rank 0, 1, ..., so results are
 // bitwise identical on every rank and every run.
 //
 // Threading: driven by one thread at a time (the group's executor).
@@ -44,6 +45,7 @@
 #include <vector>
 
 #include "algorithm/op.h"
+#include "algorithm/reduce.h"
 #include "common/config.h"
 #include "common/host_buffer.h"
 #include "transport/shm/node_arena.h"
@@ -71,23 +73,20 @@ class NodeCollectives {
   // With SMDDP_SINGLE_COPY=auto: from the configured size, and at least `floor`.
   bool useSingleCopy(size_t bytes_per_rank, size_t floor = 0) const;
   size_t singleCopyMinBytes() const;
+  // Whether an AllReduce of `bytes` (the whole tensor) takes it.
+  bool useSingleCopyForAllReduce(size_t bytes) const;
 
- // The building blocks, public for the hierarchical schedules that run a
-  // node stage of their own.
-  enum Path : uint8_t { kStaged = 0, kSingleCopy = 1 };
+  // The building blocks, public for the hierarchical schedules that run a
+  // node stage of their own (after protocol::openCall).
 
-  // Writes this rank's descriptor of `args` (addresses included) for peers.
-  void openCall(const OpArgs& args, Path path);
-  // Throws kMismatch on every rank if any peer's descriptor differs.
-  void verifyDescs(const OpArgs& args);
   // Posts a round and waits for every peer to post it.
   void round(const Deadline& deadline);
   // Reduces `n` elements at byte `offset_bytes` of every rank's input (peers
   // read through single-copy from the address in their descriptor) into
   // dst, in local rank order. With `extra` (n elements of a partial result
-  // from elsewhere, not raw): dst = extra (+) that sum, rounded to the dtype
-  // first, exactly as a ring step would combine a received partial with
-  // the node's; only this last step finalizes. dst may be my_in +
+  // from elsewhere, not inputs): dst = extra (+) that sum, rounded to the
+  // dtype first, exactly as a ring step would combine a received partial
+  // with the node's; only this last step gives `result`. dst may be my_in +
   // offset_bytes.
   void reduceFromPeers(
       const OpArgs& args,
@@ -95,19 +94,20 @@ class NodeCollectives {
       size_t offset_bytes,
       size_t n,
       void* dst,
-      bool raw,
-      bool finalize,
+      Sources sources,
+      Result result,
       const void* extra = nullptr);
-  // Staged ReduceScatter in which every local rank takes `blocks` blocks:
-  // block m of local rank j starts at element block_of(j, m) * args.count of
-  // each input. Reduces my blocks, in local rank order, into dst (block m at
-  // element m * args.count). After openCall(); verifies the descriptors.
+  // Staged ReduceScatter of the inputs in which every local rank takes
+  // `blocks` blocks: block m of local rank j starts at element
+  // block_of(j, m) * args.count of each input. Reduces my blocks, in local
+  // rank order, into dst (block m at element m * args.count). After
+  // protocol::openCall(); verifies the descriptors.
   void reduceScatterStagedBlocks(
       const OpArgs& args,
       int blocks,
       const std::function<size_t(int rank, int block)>& block_of,
       uint8_t* dst,
-      bool finalize);
+      Result result);
 
  private:
   void allGatherStaged(const OpArgs& args);
@@ -119,7 +119,7 @@ class NodeCollectives {
 
   uint8_t* scratch(size_t bytes);
   // A reusable array of `n` source pointers (no allocation per call).
-  std::vector<const void*>& sources(int n) {
+  std::vector<const void*>& sourcePointers(int n) {
     sources_.assign(static_cast<size_t>(n), nullptr);
     return sources_;
   }

@@ -34,8 +34,4 @@ struct OpArgs {
   }
 };
 
-inline size_t ceilDiv(size_t a, size_t b) {
-  return (a + b - 1) / b;
-}
-
 } // namespace smddp::algorithm

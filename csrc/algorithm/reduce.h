@@ -13,6 +13,7 @@
 #pragma once
 
 #include <cstddef>
+#include <cstdint>
 
 #include "common/copy.h"
 #include "common/types.h"
@@ -54,6 +55,32 @@ void finalizeInPlace(const ReduceSpec& spec, void* dst, size_t count, bool raw);
 // multiplied by 1/group_size first, as PREMUL_SUM does. `premul` is
 // PREMUL_SUM's factor. Every path (CPU and CUDA) reduces with this spec.
 ReduceSpec collectiveReduceSpec(DataType dtype, ReduceOp op, double premul, int group_size);
+
+// The two flags by name, for the schedules: what a step's sources are and
+// what it produces.
+enum class Sources : uint8_t {
+  kPartials,  // partial results of earlier steps
+  kInputs,    // the collective's inputs: PREMUL_SUM scales each (raw)
+};
+enum class Result : uint8_t {
+  kPartial,  // more steps follow
+  kFinal,    // the last step: AVG divides (finalize)
+};
+
+inline void reduce(
+    const ReduceSpec& spec,
+    void* dst,
+    const void* const* srcs,
+    int nsrc,
+    size_t count,
+    Sources sources,
+    Result result) {
+  reduce(spec, dst, srcs, nsrc, count, sources == Sources::kInputs, result == Result::kFinal);
+}
+
+inline void finalizeInPlace(const ReduceSpec& spec, void* dst, size_t count, Sources sources) {
+  finalizeInPlace(spec, dst, count, sources == Sources::kInputs);
+}
 
 // Name of the kernel set in use ("avx512" or "generic"), for logs and tests.
 const char* reduceKernelIsa();

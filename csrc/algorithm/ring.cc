@@ -2,23 +2,16 @@
 
 #include <algorithm>
 
+#include "algorithm/protocol.h"
 #include "common/error.h"
 
 namespace smddp::algorithm {
 
+using protocol::RingOrder;
 using transport::Channel;
 using transport::MessageTag;
 
 namespace {
-
-int mod(int a, int n) {
-  return ((a % n) + n) % n;
-}
-
-size_t chunkLen(size_t block, size_t chunk, size_t c) {
-  const size_t off = c * chunk;
-  return off >= block ? 0 : std::min(chunk, block - off);
-}
 
 std::vector<Channel*> channelsOf(const Ring& ring) {
   if (ring.next == ring.prev) {
@@ -28,22 +21,6 @@ std::vector<Channel*> channelsOf(const Ring& ring) {
 }
 
 } // namespace
-
-transport::MessageTag messageTag(const OpArgs& args) {
-  transport::MessageTag t;
-  t.seq = args.seq;
-  t.kind = args.kind;
-  t.dtype = args.dtype();
-  const bool reduces = args.kind == CollectiveKind::kAllReduce || args.kind == CollectiveKind::kReduceScatter;
-  t.redop = reduces ? args.reduce.op : ReduceOp::kSum;
-  t.root = args.kind == CollectiveKind::kBroadcast ? args.root : 0;
-  t.count = args.count;
-  return t;
-}
-
-size_t ringChunks(size_t max_block_bytes, size_t chunk_bytes) {
-  return std::max<size_t>(1, ceilDiv(max_block_bytes, chunk_bytes));
-}
 
 void ringAllGather(
     const Ring& ring,
@@ -59,14 +36,15 @@ void ringAllGather(
     return;
   }
   const size_t chunk = ring.chunk_bytes;
-  const size_t C = ringChunks(*std::max_element(sizes.begin(), sizes.end()), chunk);
+  const size_t C = chunkCount(*std::max_element(sizes.begin(), sizes.end()), chunk);
   const uint64_t total = static_cast<uint64_t>(n - 1) * C;
+  const RingOrder order{r, n};
   Channel* next = ring.next;
   Channel* prev = ring.prev;
   const uint64_t sbase = next->sendsDone();
   const uint64_t rbase = prev->recvsDone();
   for (int s = 0; s <= n - 2; ++s) {
-    const int m = mod(r - s - 1, n);
+    const int m = order.gatheredAt(s);
     for (size_t c = 0; c < C; ++c) {
       prev->postRecv(out + offsets[m] + c * chunk, chunkLen(sizes[m], chunk, c), tag);
     }
@@ -80,15 +58,14 @@ void ringAllGather(
     const uint64_t got = prev->recvsDone() - rbase;
     while (landed < got) {
       const uint64_t u = landed++;
-      const int s = static_cast<int>(u / C);
-      const size_t c = u % C;
       if (on_landed) {
         on_landed(u);
       }
-      if (s + 1 <= n - 2) {
+      if (u / C + 1 <= static_cast<uint64_t>(n - 2)) {
         // Step s+1 forwards the block that arrived at step s.
-        const int m = mod(r - s - 1, n);
-        next->postSend(out + offsets[m] + c * chunk, chunkLen(sizes[m], chunk, c), tag);
+        const protocol::RingUnit unit = order.landed(u, C);
+        const auto m = static_cast<size_t>(unit.block);
+        next->postSend(out + offsets[m] + unit.chunk * chunk, chunkLen(sizes[m], chunk, unit.chunk), tag);
       }
       moved = true;
     }
@@ -105,8 +82,8 @@ void ringReduceScatter(
     const Contributions& contrib,
     void* out,
     const std::vector<size_t>& counts,
-    bool raw,
-    bool finalize,
+    Sources sources,
+    Result result,
     const MessageTag& tag,
     const Deadline& deadline,
     HostBuffer* scratch) {
@@ -117,7 +94,7 @@ void ringReduceScatter(
   if (n == 1) {
     SMDDP_ASSERT(!contrib.finish, "a ring of one member has nothing to finish");
     const void* src[1] = {contrib.base + contrib.offsets[0]};
-    reduce(spec, dst, src, 1, counts[0], raw, finalize);
+    reduce(spec, dst, src, 1, counts[0], sources, result);
     return;
   }
   const size_t chunk_elems = std::max<size_t>(1, ring.chunk_bytes / es);
@@ -129,35 +106,38 @@ void ringReduceScatter(
     all_bytes += bytes[i];
   }
   const size_t maxb = *std::max_element(bytes.begin(), bytes.end());
-  const size_t C = ringChunks(maxb, chunk);
+  const size_t C = chunkCount(maxb, chunk);
   const uint64_t total = static_cast<uint64_t>(n - 1) * C;
-  // Raw PREMUL_SUM inputs are scaled before anything is added (the op's
+  // PREMUL_SUM inputs are scaled before anything is added (the op's
   // meaning, and what keeps a sum of pre-divided float16 gradients finite):
   // into a copy, which the ring then adds as partials.
-  const bool prescale = raw && spec.op == ReduceOp::kPremulSum && spec.premul != 1.0;
+  const bool prescale = sources == Sources::kInputs && spec.op == ReduceOp::kPremulSum && spec.premul != 1.0;
   uint8_t* tmp = scratch->reserve(static_cast<size_t>(n - 1) * maxb + (prescale ? all_bytes : 0));
   Contributions scaled;
   if (prescale) {
-    SMDDP_ASSERT(!contrib.finish && !contrib.ready, "raw PREMUL_SUM contributions must be whole at the start");
+    SMDDP_ASSERT(!contrib.finish && !contrib.ready, "PREMUL_SUM inputs must be whole at the start");
     uint8_t* copy = tmp + static_cast<size_t>(n - 1) * maxb;
     scaled.base = copy;
     size_t at = 0;
     for (int i = 0; i < n; ++i) {
       const void* src[1] = {contrib.base + contrib.offsets[static_cast<size_t>(i)]};
-      reduce(spec, copy + at, src, 1, counts[static_cast<size_t>(i)], true, false);
+      reduce(spec, copy + at, src, 1, counts[static_cast<size_t>(i)], Sources::kInputs, Result::kPartial);
       scaled.offsets.push_back(at);
       at += bytes[static_cast<size_t>(i)];
     }
   }
   const Contributions& ins = prescale ? scaled : contrib;
   const ReduceSpec& add = spec;
+  const RingOrder order{r, n};
+  // The last step's result; the steps before it pass partials on.
+  const Result last = result;
   Channel* next = ring.next;
   Channel* prev = ring.prev;
   const uint64_t sbase = next->sendsDone();
   const uint64_t rbase = prev->recvsDone();
   // Step s receives block r-s-2 (the partial reduction of its predecessors).
   for (int s = 0; s <= n - 2; ++s) {
-    const int m = mod(r - s - 2, n);
+    const int m = order.consumedAt(s + 1);
     for (size_t c = 0; c < C; ++c) {
       prev->postRecv(tmp + static_cast<size_t>(s) * maxb + c * chunk, chunkLen(bytes[m], chunk, c), tag);
     }
@@ -171,7 +151,7 @@ void ringReduceScatter(
     while (processed < got) {
       const int s = static_cast<int>(processed / C);
       const size_t c = processed % C;
-      const int m = mod(r - s - 2, n);
+      const int m = order.consumedAt(s + 1);
       const bool own_finish = s == n - 2 && contrib.finish;
       if (!own_finish && !ready(m, c)) {
         break;
@@ -183,9 +163,9 @@ void ringReduceScatter(
       } else {
         const void* srcs[2] = {part, ins.base + ins.offsets[m] + c * chunk};
         if (s < n - 2) {
-          reduce(add, part, srcs, 2, len / es, false, false);
+          reduce(add, part, srcs, 2, len / es, Sources::kPartials, Result::kPartial);
         } else {
-          reduce(add, dst + c * chunk, srcs, 2, len / es, false, finalize);
+          reduce(add, dst + c * chunk, srcs, 2, len / es, Sources::kPartials, last);
         }
       }
       ++processed;
@@ -195,7 +175,7 @@ void ringReduceScatter(
     while (next_send < total) {
       const int s = static_cast<int>(next_send / C);
       const size_t c = next_send % C;
-      const int m = mod(r - s - 1, n);
+      const int m = order.consumedAt(s);
       const uint8_t* src = nullptr;
       if (s == 0) {
         if (!ready(m, c)) {
@@ -224,8 +204,8 @@ void ringAllReduce(
     const void* in,
     void* out,
     size_t count,
-    bool raw,
-    bool finalize,
+    Sources sources,
+    Result result,
     const MessageTag& tag,
     const Deadline& deadline,
     HostBuffer* scratch) {
@@ -233,7 +213,7 @@ void ringAllReduce(
   const size_t es = elementSize(spec.dtype);
   if (n == 1) {
     const void* src[1] = {in};
-    reduce(spec, out, src, 1, count, raw, finalize);
+    reduce(spec, out, src, 1, count, sources, result);
     return;
   }
   const Slices slices{count, static_cast<size_t>(n)};
@@ -250,7 +230,7 @@ void ringAllReduce(
   contrib.offsets = offsets;
   auto* o = static_cast<uint8_t*>(out);
   ringReduceScatter(
-      ring, spec, contrib, o + offsets[ring.index], counts, raw, finalize, tag, deadline, scratch);
+      ring, spec, contrib, o + offsets[ring.index], counts, sources, result, tag, deadline, scratch);
   ringAllGather(ring, o, offsets, sizes, tag, deadline);
 }
 
@@ -267,7 +247,7 @@ void ringBroadcast(
     return;
   }
   const size_t chunk = ring.chunk_bytes;
-  const size_t C = ringChunks(bytes, chunk);
+  const size_t C = chunkCount(bytes, chunk);
   const int pos = mod(r - root, n);
   const bool receives = pos != 0;
   const bool forwards = pos != n - 1;

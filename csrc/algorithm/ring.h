@@ -6,7 +6,10 @@
 // block is cut into chunks of `chunk_bytes`; chunk c of step s+1 leaves as
 // soon as chunk c of step s has arrived, so the steps overlap. Both ends
 // post the same messages in the same order (step-major, chunk-minor), which
-// is what lets a message carry only a tag to be checked.
+// is what lets a message carry only a tag to be checked. Which block each
+// step moves is protocol::RingOrder's; blocks of unequal size are cut alike
+// (chunkCount of the largest; a chunk past the end of a shorter block is an
+// empty message), so every member agrees on the schedule.
 //
 // Schedules, drawn for n = 3 members A, B, C with blocks a, b, c:
 //
@@ -34,7 +37,9 @@
 #include <functional>
 #include <vector>
 
+#include "algorithm/chunks.h"
 #include "algorithm/op.h"
+#include "algorithm/reduce.h"
 #include "common/host_buffer.h"
 #include "transport/channel.h"
 
@@ -49,18 +54,10 @@ struct Ring {
   transport::DriveOptions drive;
 };
 
-// What a call is (sequence number, kind, dtype, count, op, root), as every
-// message of it carries: equal on every rank that makes the same call.
-transport::MessageTag messageTag(const OpArgs& args);
-
-// Chunks per block: blocks of unequal size are cut alike (a chunk past the
-// end of a shorter block is an empty message), so every member agrees on
-// the schedule.
-size_t ringChunks(size_t max_block_bytes, size_t chunk_bytes);
-
 // AllGather; member i's block of sizes[i] bytes is at out + offsets[i] (my
-// own must already be there). on_landed(unit) is called as chunks arrive, in
-// order, unit = step * ringChunks(...) + chunk.
+// own must already be there); `tag` is the call's (protocol::tagOf).
+// on_landed(u) is called as chunks arrive, in order: unit u is
+// protocol::RingOrder::landed(u, chunks).
 void ringAllGather(
     const Ring& ring,
     uint8_t* out,
@@ -80,27 +77,27 @@ struct Contributions {
   // If set, the last step of my own block, in place of the ring's
   // dst = part (+) mine: `part` is the other members' contributions,
   // reduced, for `n` elements at byte `offset` of the block; finish applies
-  // AVG's division itself when the ring's `finalize` asks for it. My own
+  // AVG's division itself when the ring's result is final. My own
   // block's entry in base/offsets and `ready` are then never used. Lets a
   // caller compute its contribution as it goes rather than store it in base.
-  // Not with raw PREMUL_SUM contributions (the ring scales them first).
+  // Not with PREMUL_SUM inputs as contributions (the ring scales them first).
   std::function<void(void* dst, const void* part, size_t offset, size_t n)> finish;
 };
 
 // ReduceScatter: block i (counts[i] elements) of every member reduced into
-// member i's `out`. `raw`: the contributions are the collective's inputs
-// (PREMUL_SUM's factor scales each of them before anything is added, so
-// they must be whole at the start: no `ready`, no `finish`). `finalize`: apply
-// AVG's division to the result. Chunks are chunk_bytes rounded down to
-// whole elements.
+// member i's `out`. Sources::kInputs: the contributions are the collective's
+// inputs (PREMUL_SUM's factor scales each of them before anything is added,
+// so they must be whole at the start: no `ready`, no `finish`).
+// Result::kFinal: apply AVG's division to the result. Chunks are chunk_bytes
+// rounded down to whole elements.
 void ringReduceScatter(
     const Ring& ring,
     const ReduceSpec& spec,
     const Contributions& contrib,
     void* out,
     const std::vector<size_t>& counts,
-    bool raw,
-    bool finalize,
+    Sources sources,
+    Result result,
     const transport::MessageTag& tag,
     const Deadline& deadline,
     HostBuffer* scratch);
@@ -112,8 +109,8 @@ void ringAllReduce(
     const void* in,
     void* out,
     size_t count,
-    bool raw,
-    bool finalize,
+    Sources sources,
+    Result result,
     const transport::MessageTag& tag,
     const Deadline& deadline,
     HostBuffer* scratch);
@@ -126,18 +123,5 @@ void ringBroadcast(
     int root,
     const transport::MessageTag& tag,
     const Deadline& deadline);
-
-// Splits `count` elements into `parts` contiguous slices (the first
-// count % parts one longer), the same way on every rank.
-struct Slices {
-  size_t count;
-  size_t parts;
-  size_t begin(size_t i) const {
-    return i * (count / parts) + (i < count % parts ? i : count % parts);
-  }
-  size_t size(size_t i) const {
-    return count / parts + (i < count % parts ? 1 : 0);
-  }
-};
 
 } // namespace smddp::algorithm

@@ -1,6 +1,7 @@
 #include "algorithm/ring_communicator.h"
 
 #include "algorithm/op.h"
+#include "algorithm/protocol.h"
 #include "common/error.h"
 #include "common/log.h"
 
@@ -71,7 +72,13 @@ Ring RingCommunicator::ringFor(const OpArgs& args) const {
   };
   const uint64_t seq = args.seq;
   ring.drive.what = [seq, this] {
-    return str("ring neighbours (rank ", next_->peer(), " and rank ", prev_->peer(), ") in collective #", seq);
+    // Socket neighbours are described with their address and NIC; a
+    // shared-memory one by its rank.
+    auto who = [this](int peer) { return mesh_ ? mesh_->describePeer(peer) : str("rank ", peer); };
+    const int next = next_->peer();
+    const int prev = prev_->peer();
+    return str("ring neighbours (", who(next), next == prev ? std::string() : " and " + who(prev), ") in collective #",
+               seq);
   };
   return ring;
 }
@@ -87,7 +94,7 @@ void RingCommunicator::allGather(const OpArgs& args) {
   }
   ringAllGather(
       ringFor(args), out, offsets, std::vector<size_t>(static_cast<size_t>(n), b),
-      messageTag(args), args.deadline);
+      protocol::tagOf(args), args.deadline);
 }
 
 void RingCommunicator::reduceScatter(const OpArgs& args) {
@@ -100,13 +107,13 @@ void RingCommunicator::reduceScatter(const OpArgs& args) {
   }
   ringReduceScatter(
       ringFor(args), args.reduce, contrib, args.out, std::vector<size_t>(static_cast<size_t>(n), args.count),
-      true, true, messageTag(args), args.deadline, &scratch_);
+      Sources::kInputs, Result::kFinal, protocol::tagOf(args), args.deadline, &scratch_);
 }
 
 void RingCommunicator::allReduce(const OpArgs& args) {
   ringAllReduce(
-      ringFor(args), args.reduce, args.in, args.out, args.count, true, true, messageTag(args),
-      args.deadline, &scratch_);
+      ringFor(args), args.reduce, args.in, args.out, args.count, Sources::kInputs, Result::kFinal,
+      protocol::tagOf(args), args.deadline, &scratch_);
 }
 
 void RingCommunicator::broadcast(const OpArgs& args) {
@@ -115,14 +122,14 @@ void RingCommunicator::broadcast(const OpArgs& args) {
   if (topo_.rank() == args.root) {
     copyBytes(out, args.in, b);
   }
-  ringBroadcast(ringFor(args), out, b, args.root, messageTag(args), args.deadline);
+  ringBroadcast(ringFor(args), out, b, args.root, protocol::tagOf(args), args.deadline);
 }
 
 void RingCommunicator::barrier(const OpArgs& args) {
   const int n = topo_.size();
   ringAllGather(
       ringFor(args), nullptr, std::vector<size_t>(static_cast<size_t>(n), 0),
-      std::vector<size_t>(static_cast<size_t>(n), 0), messageTag(args), args.deadline);
+      std::vector<size_t>(static_cast<size_t>(n), 0), protocol::tagOf(args), args.deadline);
 }
 
 void RingCommunicator::abort(const std::string& why) {

@@ -56,6 +56,7 @@ CudaCommunicator::CudaCommunicator(
       store, plan_.key(str("arena/", topology.myNode())), topology.myLocalRank(),
       topology.nodeRanks(topology.myNode()), o);
   node_ = std::make_unique<NodeCollectives>(*arena_, config);
+  c.arena = arena_.get();
   c.node = node_.get();
   if (plan_.mode == DeviceMode::kRails) {
     const int l = topology.myLocalRank();

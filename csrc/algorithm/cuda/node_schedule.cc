@@ -31,10 +31,10 @@ class NodeSchedule : public Schedule {
     const auto* in = static_cast<const uint8_t*>(args.in);
     openDeviceCall(ctx_, args);
     copyAsync(out + static_cast<size_t>(me) * b, in, b, s);
-    const size_t chunks = std::max<size_t>(1, ceilDiv(b, S));
+    const size_t chunks = chunkCount(b, S);
     for (size_t c = 0; c < chunks; ++c) {
       const size_t off = c * S;
-      const size_t n = std::min(S, b - std::min(b, off));
+      const size_t n = chunkLen(b, S, c);
       exchange(
           ctx_, args, s, c == 0, [&] { copyAsync(ctx_.ipc->staging(me), in + off, n, s); },
           [&] {
@@ -55,10 +55,10 @@ class NodeSchedule : public Schedule {
     auto* out = static_cast<uint8_t*>(args.out);
     std::vector<const void*> srcs(static_cast<size_t>(L));
     openDeviceCall(ctx_, args);
-    const size_t chunks = std::max<size_t>(1, ceilDiv(args.count, ce));
+    const size_t chunks = chunkCount(args.count, ce);
     for (size_t c = 0; c < chunks; ++c) {
       const size_t off = c * ce;
-      const size_t n = std::min(ce, args.count - std::min(args.count, off));
+      const size_t n = chunkLen(args.count, ce, c);
       exchange(
           ctx_, args, s, c == 0,
           [&] {
@@ -84,10 +84,10 @@ class NodeSchedule : public Schedule {
     auto* out = static_cast<uint8_t*>(args.out);
     std::vector<const void*> srcs(static_cast<size_t>(L));
     openDeviceCall(ctx_, args);
-    const size_t chunks = std::max<size_t>(1, ceilDiv(args.count, ce));
+    const size_t chunks = chunkCount(args.count, ce);
     for (size_t c = 0; c < chunks; ++c) {
       const size_t off = c * ce;
-      const size_t n = std::min(ce, args.count - std::min(args.count, off));
+      const size_t n = chunkLen(args.count, ce, c);
       const Slices slices{n, static_cast<size_t>(L)};
       const size_t b0 = slices.begin(static_cast<size_t>(me));
       // Reduce my slice of the chunk from every stage into my result half.

@@ -90,10 +90,10 @@ class RailsSchedule : public Schedule {
     });
     // Node: my rail's N blocks to every local peer, through the stages.
     const size_t cb = std::max<size_t>(1, ctx_.ipc->stagingBytes() / static_cast<size_t>(N));
-    const size_t chunks = std::max<size_t>(1, ceilDiv(b, cb));
+    const size_t chunks = chunkCount(b, cb);
     for (size_t c = 0; c < chunks; ++c) {
       const size_t off = c * cb;
-      const size_t len = std::min(cb, b - std::min(b, off));
+      const size_t len = chunkLen(b, cb, c);
       exchange(
           ctx_, args, s, c == 0,
           [&] {
@@ -126,10 +126,10 @@ class RailsSchedule : public Schedule {
     openDeviceCall(ctx_, args);
     // Node: the partial of every rail member's block, reduced over the node.
     const size_t ce = std::max<size_t>(1, ctx_.ipc->stagingBytes() / (static_cast<size_t>(world) * es));
-    const size_t chunks = std::max<size_t>(1, ceilDiv(args.count, ce));
+    const size_t chunks = chunkCount(args.count, ce);
     for (size_t c = 0; c < chunks; ++c) {
       const size_t off = c * ce;
-      const size_t len = std::min(ce, args.count - std::min(args.count, off));
+      const size_t len = chunkLen(args.count, ce, c);
       exchange(
           ctx_, args, s, c == 0,
           [&] {
@@ -168,10 +168,10 @@ class RailsSchedule : public Schedule {
     const ncclDataType_t type = ncclTypeOf(args.dtype());
     const ncclRedOp_t op = ncclOpOf(args.reduce.op);
     openDeviceCall(ctx_, args);
-    const size_t chunks = std::max<size_t>(1, ceilDiv(args.count, ce));
+    const size_t chunks = chunkCount(args.count, ce);
     for (size_t c = 0; c < chunks; ++c) {
       const size_t off = c * ce;
-      const size_t n = std::min(ce, args.count - std::min(args.count, off));
+      const size_t n = chunkLen(args.count, ce, c);
       const Slices slices{n, static_cast<size_t>(L)};
       const size_t b0 = slices.begin(static_cast<size_t>(me));
       const size_t sz = slices.size(static_cast<size_t>(me));

@@ -11,6 +11,7 @@
 
 #include "algorithm/communicator.h"
 #include "algorithm/cuda/device_memory.h"
+#include "algorithm/chunks.h"
 #include "algorithm/node_collectives.h"
 #include "algorithm/op.h"
 #include "common/config.h"
@@ -29,6 +30,7 @@ struct DeviceContext {
   // The largest pitch of a 2D copy on this device.
   size_t max_pitch = 0;
   transport::CudaIpcArena* ipc = nullptr;
+  transport::NodeArena* arena = nullptr;
   NodeCollectives* node = nullptr;
   transport::NcclRail* rail = nullptr;
   std::vector<int> rail_ranks;

@@ -1,20 +1,12 @@
 #include <algorithm>
 
 #include "algorithm/cuda/schedules.h"
+#include "algorithm/protocol.h"
 #include "common/error.h"
 
 namespace smddp::algorithm::cuda {
 
 using transport::cudaCheck;
-
-namespace {
-
-// The node descriptor's path of device calls: host ranks and device ranks of
-// one node never meet in one call, but a peer that took another path is a
-// mismatch, reported as such.
-constexpr uint8_t kDevicePath = 2;
-
-} // namespace
 
 void copyAsync(void* dst, const void* src, size_t bytes, cudaStream_t s) {
   if (bytes > 0 && dst != src) {
@@ -47,7 +39,7 @@ void copyRows(
 }
 
 void openDeviceCall(DeviceContext& ctx, const OpArgs& args) {
-  ctx.node->openCall(args, static_cast<NodeCollectives::Path>(kDevicePath));
+  protocol::openCall(*ctx.arena, args, protocol::Path::kDevice);
 }
 
 void exchange(
@@ -69,7 +61,7 @@ void exchange(
   cudaCheck(cudaEventRecord(ctx.ipc->ready(me), s), "cudaEventRecord");
   ctx.node->round(args.deadline);
   if (first) {
-    ctx.node->verifyDescs(args);
+    protocol::verifyCall(*ctx.arena, args);
   }
   for (int l = 0; l < L; ++l) {
     if (l != me) {
@@ -88,10 +80,10 @@ void nodeBroadcast(DeviceContext& ctx, const OpArgs& args, cudaStream_t s) {
   const auto* in = static_cast<const uint8_t*>(args.in);
   auto* out = static_cast<uint8_t*>(args.out);
   openDeviceCall(ctx, args);
-  const size_t chunks = std::max<size_t>(1, ceilDiv(b, S));
+  const size_t chunks = chunkCount(b, S);
   for (size_t c = 0; c < chunks; ++c) {
     const size_t off = c * S;
-    const size_t n = std::min(S, b - std::min(b, off));
+    const size_t n = chunkLen(b, S, c);
     exchange(
         ctx, args, s, c == 0,
         [&] {

@@ -8,7 +8,7 @@
 //                                       progress pipelined chunks posted
 //                                       bell     rung on every post
 //                                       inbox    rung by posts meant for it
-//                                       desc[2]  the op it is in (by parity)
+//                                       desc[2]  the call it is in (by parity)
 //   PairLine[local_size][local_size]  point-to-point channel counters
 //   slots[local_size][2][slot_bytes]  per rank, two staging buffers
 //
@@ -30,29 +30,23 @@
 #include <cstdint>
 #include <memory>
 #include <string>
-#include <type_traits>
 #include <vector>
 
 #include "common/clock.h"
 #include "common/store.h"
-#include "transport/channel.h"
 #include "transport/shm/futex.h"
 #include "transport/shm/segment.h"
 
 namespace smddp::transport {
 
-// What a rank is about to do; peers compare it with their own (mismatch
-// detection) and read the addresses in it (single-copy).
-struct OpDesc {
-  MessageTag call;  // as the call's socket and ring messages carry it
-  uint64_t in_addr = 0;
-  uint64_t out_addr = 0;
-  uint64_t aux = 0;
-  uint8_t path = 0;
-  uint8_t reserved[15] = {};
+// Room for what a rank publishes about the call it is in: peers compare it
+// with their own (mismatch detection) and read the addresses in it
+// (single-copy). The arena only stores it; its content is the algorithm
+// layer's call descriptor (algorithm/protocol.h).
+struct alignas(8) DescSlot {
+  unsigned char bytes[64] = {};
 };
-static_assert(sizeof(OpDesc) == 64, "OpDesc is one cache line");
-static_assert(std::is_trivially_copyable_v<OpDesc>, "OpDesc lives in shared memory");
+static_assert(sizeof(DescSlot) == 64, "a descriptor is one cache line");
 
 struct alignas(64) RankControl {
   std::atomic<uint32_t> phase{0};
@@ -71,7 +65,7 @@ struct alignas(64) RankControl {
   // a rank waiting on several peers sleeps on its own inbox).
   Doorbell inbox;
   char pad1[48];
-  OpDesc desc[2];
+  DescSlot desc[2];
 };
 
 // Counters of the point-to-point channel from one local rank to another,
@@ -138,10 +132,11 @@ class NodeArena {
   RankControl& control(int l) const {
     return controls_[l];
   }
-  OpDesc& myDesc(uint64_t seq) const {
+  // The descriptor of call `seq` (by parity): this rank's, local rank l's.
+  DescSlot& myDesc(uint64_t seq) const {
     return controls_[local_rank_].desc[seq & 1];
   }
-  const OpDesc& peerDesc(int l, uint64_t seq) const {
+  const DescSlot& peerDesc(int l, uint64_t seq) const {
     return controls_[l].desc[seq & 1];
   }
   uint8_t* slot(int l, uint32_t parity) const {
