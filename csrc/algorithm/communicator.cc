@@ -16,8 +16,10 @@ transport::WaitPolicy waitPolicyOf(const Config& config) {
   // very peer it waits for: yield at once, and for longer.
   const bool oversubscribed = config.oversubscribed();
   transport::WaitPolicy p;
-  p.spin_us = config.spin_us >= 0 ? config.spin_us : (oversubscribed ? 0 : 20);
-  p.yield_us = config.yield_us >= 0 ? config.yield_us : (oversubscribed ? 2000 : 20);
+  p.spin_us =
+      config.spin_us >= 0 ? config.spin_us : (oversubscribed ? autos::kSpinUsOversubscribed : autos::kSpinUs);
+  p.yield_us =
+      config.yield_us >= 0 ? config.yield_us : (oversubscribed ? autos::kYieldUsOversubscribed : autos::kYieldUs);
   return p;
 }
 
@@ -36,7 +38,7 @@ transport::SocketMesh::Options socketOptions(const Config& config, const NetOpti
   // its receiver would wait on a full queue), and so does a host whose
   // rmem_max is below the bound (the kernel would cap it anyway). See
   // docs/design.md, "Where the time goes, as design rules".
-  constexpr size_t kAutoRcvbuf = size_t{1} << 20;
+  constexpr size_t kAutoRcvbuf = autos::kSocketRcvbufBytes;
   const size_t max = transport::receiveBufferMax();
   if (config.socket_rcvbuf_bytes == kAutoBytes) {
     so.rcvbuf_bytes = config.oversubscribed() && max >= kAutoRcvbuf ? kAutoRcvbuf : 0;
