@@ -14,7 +14,7 @@ using ops::Combine;
 constexpr int kThreads = 512;
 constexpr int kUnroll = 4;
 
-struct Sources {
+struct SourcePtrs {
   const void* ptr[kMaxDeviceSources];
 };
 
@@ -87,7 +87,7 @@ __device__ __forceinline__ float finished(float x, float d) {
 template <typename T, Combine kC, bool kScale, bool kDivide>
 __global__ void __launch_bounds__(kThreads) reduceVectorized(
     T* dst,
-    Sources srcs,
+    SourcePtrs srcs,
     int nsrc,
     size_t nvec,
     float scale,
@@ -146,7 +146,7 @@ __global__ void __launch_bounds__(kThreads) reduceVectorized(
 template <typename T, Combine kC, bool kScale, bool kDivide>
 __global__ void __launch_bounds__(kThreads) reduceScalar(
     T* dst,
-    Sources srcs,
+    SourcePtrs srcs,
     int nsrc,
     size_t first,
     size_t count,
@@ -173,7 +173,7 @@ int blocksFor(size_t items, int max_blocks) {
 template <typename T, Combine kC, bool kScale, bool kDivide>
 void launchTyped(
     void* dst,
-    const Sources& srcs,
+    const SourcePtrs& srcs,
     int nsrc,
     size_t count,
     float scale,
@@ -201,7 +201,7 @@ void launchTyped(
 template <typename T, Combine kC>
 void launchScaled(
     void* dst,
-    const Sources& srcs,
+    const SourcePtrs& srcs,
     int nsrc,
     size_t count,
     bool scale,
@@ -224,7 +224,7 @@ template <typename T>
 void launchForType(
     const ReduceSpec& spec,
     void* dst,
-    const Sources& srcs,
+    const SourcePtrs& srcs,
     int nsrc,
     size_t count,
     bool raw,
@@ -289,10 +289,12 @@ void launchReduce(
     const void* const* srcs,
     int nsrc,
     size_t count,
-    bool raw,
-    bool finalize,
+    Sources sources,
+    Result result,
     int max_blocks,
     cudaStream_t stream) {
+  const bool raw = sources == Sources::kInputs;
+  const bool finalize = result == Result::kFinal;
   SMDDP_CHECK_ARG(nsrc >= 1 && nsrc <= kMaxDeviceSources, "the device reduction takes 1 to ", kMaxDeviceSources,
                   " sources (got ", nsrc, ")");
   SMDDP_CHECK_ARG(max_blocks >= 1, "the device reduction needs at least one block (got ", max_blocks, ")");
@@ -308,7 +310,7 @@ void launchReduce(
     SMDDP_THROW(kComm, "the device reported an error from earlier work before the reduction was launched: ",
                 cudaGetErrorName(earlier), " (", cudaGetErrorString(earlier), ")");
   }
-  Sources s{};
+  SourcePtrs s{};
   for (int k = 0; k < nsrc; ++k) {
     s.ptr[k] = srcs[k];
   }
@@ -342,9 +344,10 @@ void launchFinalize(
     const ReduceSpec& spec,
     void* dst,
     size_t count,
-    bool raw,
+    Sources sources,
     int max_blocks,
     cudaStream_t stream) {
+  const bool raw = sources == Sources::kInputs;
   const ops::OpTraits t = ops::traitsOf(spec.op);
   const bool scales = raw && t.scales_inputs && spec.premul != 1.0;
   const bool divides = t.divides && spec.divisor != 1.0;
@@ -352,7 +355,7 @@ void launchFinalize(
     return;
   }
   const void* src[1] = {dst};
-  launchReduce(spec, dst, src, 1, count, raw, true, max_blocks, stream);
+  launchReduce(spec, dst, src, 1, count, sources, Result::kFinal, max_blocks, stream);
 }
 
 } // namespace smddp::algorithm::cuda

@@ -69,7 +69,7 @@ class NodeSchedule : public Schedule {
             for (int l = 0; l < L; ++l) {
               srcs[static_cast<size_t>(l)] = ctx_.ipc->staging(l) + static_cast<size_t>(me) * ce * es;
             }
-            launchReduce(args.reduce, out + off * es, srcs.data(), L, n, true, true, ctx_.config.cuda_reduce_blocks, s);
+            launchReduce(args.reduce, out + off * es, srcs.data(), L, n, Sources::kInputs, Result::kFinal, ctx_.config.cuda_reduce_blocks, s);
           });
     }
   }
@@ -98,7 +98,8 @@ class NodeSchedule : public Schedule {
               srcs[static_cast<size_t>(l)] = ctx_.ipc->staging(l) + b0 * es;
             }
             launchReduce(args.reduce, ctx_.ipc->staging(me) + half + b0 * es, srcs.data(), L,
-                         slices.size(static_cast<size_t>(me)), true, true, ctx_.config.cuda_reduce_blocks, s);
+                         slices.size(static_cast<size_t>(me)), Sources::kInputs, Result::kFinal,
+                         ctx_.config.cuda_reduce_blocks, s);
           });
       // Gather every rank's reduced slice.
       exchange(

@@ -142,8 +142,8 @@ class RailsSchedule : public Schedule {
               for (int l = 0; l < L; ++l) {
                 srcs[static_cast<size_t>(l)] = ctx_.ipc->staging(l) + g * ce * es;
               }
-              launchReduce(args.reduce, partials + static_cast<size_t>(m) * b + off * es, srcs.data(), L, len, true,
-                           false, ctx_.config.cuda_reduce_blocks, s);
+              launchReduce(args.reduce, partials + static_cast<size_t>(m) * b + off * es, srcs.data(), L, len,
+                           Sources::kInputs, Result::kPartial, ctx_.config.cuda_reduce_blocks, s);
             }
           });
     }
@@ -153,7 +153,7 @@ class RailsSchedule : public Schedule {
     ctx_.rail->run("the rail ReduceScatter", args.deadline, [&](ncclComm_t comm) {
       return ncclReduceScatter(partials, args.out, args.count, type, op, comm, s);
     });
-    launchFinalize(args.reduce, args.out, args.count, false, ctx_.config.cuda_reduce_blocks, s);
+    launchFinalize(args.reduce, args.out, args.count, Sources::kPartials, ctx_.config.cuda_reduce_blocks, s);
   }
 
   void allReduce(const OpArgs& args, cudaStream_t s) override {
@@ -182,12 +182,12 @@ class RailsSchedule : public Schedule {
             for (int l = 0; l < L; ++l) {
               srcs[static_cast<size_t>(l)] = ctx_.ipc->staging(l) + b0 * es;
             }
-            launchReduce(args.reduce, result, srcs.data(), L, sz, true, false, ctx_.config.cuda_reduce_blocks, s);
+            launchReduce(args.reduce, result, srcs.data(), L, sz, Sources::kInputs, Result::kPartial, ctx_.config.cuda_reduce_blocks, s);
             // Rail: my slice over the nodes, then AVG's division.
             ctx_.rail->run("the rail AllReduce", args.deadline, [&](ncclComm_t comm) {
               return ncclAllReduce(result, result, sz, type, op, comm, s);
             });
-            launchFinalize(args.reduce, result, sz, false, ctx_.config.cuda_reduce_blocks, s);
+            launchFinalize(args.reduce, result, sz, Sources::kPartials, ctx_.config.cuda_reduce_blocks, s);
           });
       exchange(
           ctx_, args, s, false, [] {},

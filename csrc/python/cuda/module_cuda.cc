@@ -72,7 +72,10 @@ at::Tensor deviceReduce(
   c10::cuda::CUDAGuard guard(srcs[0].device());
   try {
     smddp::algorithm::cuda::launchReduce(spec, dst.data_ptr(), ptrs.data(), static_cast<int>(ptrs.size()),
-                                         static_cast<size_t>(dst.numel()), raw, finalize, max_blocks,
+                                         static_cast<size_t>(dst.numel()),
+                                         raw ? smddp::algorithm::Sources::kInputs : smddp::algorithm::Sources::kPartials,
+                                         finalize ? smddp::algorithm::Result::kFinal : smddp::algorithm::Result::kPartial,
+                                         max_blocks,
                                          c10::cuda::getCurrentCUDAStream().stream());
   } catch (const smddp::Error& e) {
     if (e.kind() == smddp::ErrorKind::kInvalidArgument) {
