@@ -1,6 +1,8 @@
 """The docs' performance tables are generated from the records kept in the
 repository (docs/results/), and are what those records give: a table typed
-or edited by hand, or a record changed without rendering, fails here."""
+or edited by hand, or a record changed without rendering, fails here. And
+every relative link of the docs leads somewhere: a file that exists, a
+heading that exists."""
 
 from __future__ import annotations
 
@@ -23,7 +25,8 @@ def _generated() -> list[str]:
 
 def test_the_generated_tables_are_current(capsys):
     files = _generated()
-    assert os.path.join(DOCS, "performance.md") in files
+    for name in ("README.md", "docs/performance.md", "docs/training.md"):
+        assert os.path.join(REPO, name) in files, f"{name} shows no generated table"
     assert render.main(["--check", *files]) == 0, capsys.readouterr().err
 
 
@@ -47,3 +50,67 @@ def test_every_record_is_shown_and_names_its_machine_and_command():
         assert re.match(r"\d{4}-\d\d-\d\dT", rec["created"]), path
         # The command regenerates this very file.
         assert os.path.relpath(path, REPO) in " ".join(rec["command"]), (path, rec["command"])
+
+
+# -- links ----------------------------------------------------------------------
+
+# The markdown a reader starts from: the README, docs/, and the READMEs of the
+# folders they send the reader to.
+LINKED = ["README.md", "bench/README.md", "examples/README.md"] + sorted(
+    os.path.relpath(f, REPO) for f in glob.glob(os.path.join(DOCS, "*.md"))
+)
+_FENCE = re.compile(r"^\s*(```|~~~)")
+_LINK = re.compile(r"\[[^\]]*\]\(([^)\s]+)\)")
+
+
+def _outside_code(text: str) -> list[str]:
+    """The lines of a markdown text outside fenced code blocks."""
+    lines, fenced = [], False
+    for line in text.splitlines():
+        if _FENCE.match(line):
+            fenced = not fenced
+        elif not fenced:
+            lines.append(line)
+    return lines
+
+
+def anchors(text: str) -> set[str]:
+    """The fragments GitHub gives the headings of a markdown text: lower case,
+    punctuation dropped, spaces as hyphens, -1, -2 ... on repeats."""
+    count: dict[str, int] = {}
+    out = set()
+    for line in _outside_code(text):
+        m = re.match(r"#{1,6}\s+(.*?)\s*$", line)
+        if m:
+            slug = re.sub(r"[^\w\- ]", "", m[1].lower()).replace(" ", "-")
+            out.add(f"{slug}-{count[slug]}" if slug in count else slug)
+            count[slug] = count.get(slug, 0) + 1
+    return out
+
+
+def links(path: str) -> list[str]:
+    """The relative link targets of a markdown file (no URLs, no mail)."""
+    found = []
+    for line in _outside_code(open(path).read()):
+        prose = re.sub(r"`[^`]*`", "", line)  # a link in inline code is an example
+        found += [t for t in _LINK.findall(prose) if not re.match(r"[a-z]+:", t)]
+    return found
+
+
+def test_anchors_are_githubs():
+    text = "# smddp\n## Cost model (`smddp-bench model`)\n```\n# not a heading\n```\n## Results\n## Results\n"
+    assert anchors(text) == {"smddp", "cost-model-smddp-bench-model", "results", "results-1"}
+
+
+def test_every_relative_link_resolves():
+    broken = []
+    for name in LINKED:
+        source = os.path.join(REPO, name)
+        for target in links(source):
+            file, _, fragment = target.partition("#")
+            dest = os.path.normpath(os.path.join(os.path.dirname(source), file)) if file else source
+            if not os.path.exists(dest):
+                broken.append(f"{name}: {target}: no such file")
+            elif fragment and dest.endswith(".md") and fragment not in anchors(open(dest).read()):
+                broken.append(f"{name}: {target}: no heading #{fragment} in {os.path.relpath(dest, REPO)}")
+    assert not broken, "\n".join(broken)
