@@ -308,3 +308,16 @@ def test_cuda_stalled_collective_fails_within_the_timeout(tmp_path):
         assert f"rank {rank}" in msg, (rank, msg)
         assert "unusable" in r["next"], (rank, r["next"])
         assert any(p.endswith(f".{rank}.json") for p in r["dumps"]), (rank, r["dumps"])
+
+
+@pytest.mark.timeout(150)
+def test_cuda_batched_copies(pools):
+    """SMDDP_CUDA_BATCH_COPIES=1 (one cudaMemcpyBatchAsync to or from every
+    peer) against the same reference as the copies one after another."""
+    if not torch.cuda.is_available():
+        pytest.skip("no GPU")
+    per_gpu = max(1, 4 // torch.cuda.device_count())
+    pool = pools(4, SMDDP_CUDA_RANKS_PER_GPU=str(per_gpu), SMDDP_CUDA_STAGING_BYTES="1M",
+                 SMDDP_CUDA_BATCH_COPIES="1")
+    for failures in pool.run(case_collectives, [0, 7, 4099, (1 << 20) + 3], timeout=120):
+        assert failures == []

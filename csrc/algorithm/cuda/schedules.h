@@ -55,6 +55,15 @@ std::unique_ptr<Schedule> makeStagedSchedule(DeviceContext& ctx);
 
 void copyAsync(void* dst, const void* src, size_t bytes, cudaStream_t s);
 
+// Several independent copies: one batch the copy engines may run side by
+// side (SMDDP_CUDA_BATCH_COPIES), else one after another.
+void copyBatch(
+    const DeviceContext& ctx,
+    const std::vector<void*>& dsts,
+    const std::vector<const void*>& srcs,
+    const std::vector<size_t>& sizes,
+    cudaStream_t s);
+
 // `rows` rows of `width` bytes from src (rows `spitch` apart) to dst (rows
 // `dpitch` apart): one 2D copy, or a copy per row where a pitch exceeds
 // what the device's 2D copies take (a flat gradient of several GiB).

@@ -14,6 +14,39 @@ void copyAsync(void* dst, const void* src, size_t bytes, cudaStream_t s) {
   }
 }
 
+void copyBatch(
+    const DeviceContext& ctx,
+    const std::vector<void*>& dsts,
+    const std::vector<const void*>& srcs,
+    const std::vector<size_t>& sizes,
+    cudaStream_t s) {
+  std::vector<void*> d;
+  std::vector<const void*> from;
+  std::vector<size_t> n;
+  for (size_t i = 0; i < dsts.size(); ++i) {
+    if (sizes[i] > 0 && dsts[i] != srcs[i]) {
+      d.push_back(dsts[i]);
+      from.push_back(srcs[i]);
+      n.push_back(sizes[i]);
+    }
+  }
+  if (d.empty()) {
+    return;
+  }
+  if (ctx.config.cuda_batch_copies && d.size() > 1) {
+    // Every source is ready in stream order (the stream waited for it).
+    cudaMemcpyAttributes attr{};
+    attr.srcAccessOrder = cudaMemcpySrcAccessOrderStream;
+    size_t first = 0;
+    cudaCheck(cudaMemcpyBatchAsync(d.data(), from.data(), n.data(), d.size(), &attr, &first, 1, s),
+              "cudaMemcpyBatchAsync");
+    return;
+  }
+  for (size_t i = 0; i < d.size(); ++i) {
+    copyAsync(d[i], from[i], n[i], s);
+  }
+}
+
 void copyRows(
     const DeviceContext& ctx,
     void* dst,
