@@ -79,13 +79,13 @@ def main(argv: list[str] | None = None) -> int:
                 nan = lambda: out.fill_(float("nan"))  # noqa: E731
                 copy = SimpleNamespace(run=lambda: out.copy_(x), restore=lambda: None, poison=nan,
                                        wrong=lambda: int((out != x).sum()), what="copy")
-                copy_bw = gbs(copy, 2 * (n - off) * x.element_size())
+                copy_bw = gbs(copy, 2 * x.numel() * x.element_size())
                 for nb in blocks:
                     red = SimpleNamespace(
                         run=lambda nb=nb: kernels.device_reduce([x, y], "SUM", nb, out=out),
                         restore=lambda: None, poison=nan, wrong=lambda: int((out != want).sum()),
                         what=f"device_reduce with {nb} blocks, offset {off}")  # fmt: skip
-                    red_bw = gbs(red, 3 * (n - off) * x.element_size())
+                    red_bw = gbs(red, 3 * x.numel() * x.element_size())
                     rows.append({"dtype": str(dtype).split(".")[-1], "bytes": nbytes, "offset": off,
                                  "copy_gbps": copy_bw, "blocks": nb, "reduce_gbps": red_bw,
                                  "ratio": red_bw / copy_bw})  # fmt: skip
