@@ -124,7 +124,10 @@ def test_ranges_lists_and_choices(monkeypatch):
         (["--nproc", "4", "--nodes", "3"], "does not divide"),
         (["--redop", "xor"], "invalid choice"),
         (["--root", "9"], "not a rank"),
-        (["--block-warmup", "-1"], "--block-warmup is too small"),
+        (["--block-warmup", "-1"], "argument --block-warmup: must be at least 0, got -1"),
+        (["--nproc", "0"], "argument --nproc: must be at least 1"),
+        (["--time-per-point", "0"], "argument --time-per-point: must be positive"),
+        (["--min-iters", "9", "--max-iters", "3"], "--min-iters is above --max-iters"),
         (["--timing", "sometimes"], "invalid choice"),
     ],
 )

@@ -10,6 +10,7 @@ blocks and checks after every block (smddp.bench.timing says how).
 
 from __future__ import annotations
 
+import contextlib
 import datetime
 import math
 import os
@@ -19,7 +20,7 @@ import threading
 import time
 from dataclasses import dataclass, field
 from types import SimpleNamespace
-from typing import Any, Callable
+from typing import Any, Callable, Iterator
 
 import torch
 import torch.distributed as dist
@@ -121,7 +122,7 @@ class Buffers:
     and checked with smddp.bench.ops."""
 
     def __init__(self, op: str, dtype: str, geom: _ops.Geometry, redop: str, root: int,
-                 rank: int, world: int, device: torch.device, inplace: bool = False,
+                 rank: int, world: int, device: Any = "cpu", inplace: bool = False,
                  offset: int = 0):  # fmt: skip
         self.op, self.dtype, self.geom, self.root = op, dtype, geom, root
         self.redop = redop if _ops.OPS[op].reduces else "none"
@@ -196,6 +197,8 @@ FATAL = ("DistBackendError", "DistNetworkError", "DistError", "imeout")
 class Sweep:
     """One rank's part of a sweep; rank 0 also prints and keeps the records."""
 
+    bar: Any = None  # rank 0's progress bar, once the sweep has run for a while
+
     def __init__(self, s: SweepSettings, comm: TorchComm, groups: dict[str, Any],
                  device: torch.device, topology: Topology):  # fmt: skip
         self.s, self.comm, self.groups = s, comm, groups
@@ -232,29 +235,28 @@ class Sweep:
     def run(self) -> list[dict[str, Any]]:
         s = self.s
         total, done, started = len(s.ops) * len(s.dtypes) * len(s.sizes), 0, time.monotonic()
-        tqdm = _tqdm() if self.rank == 0 else None
-        if tqdm is not None:
-            # tqdm's default lock is a multiprocessing semaphore, which a rank
-            # that leaves with os._exit would leak.
-            tqdm.set_lock(threading.RLock())
-        tqdm = tqdm if s.progress else None
-        bar = None
+        tqdm = _tqdm() if self.rank == 0 and s.progress else None
         results: list[dict[str, Any]] = []
         try:
             for op in s.ops:
                 for dtype in s.dtypes:
                     redop = s.redop if _ops.OPS[op].reduces else "none"
-                    self.print(views.sweep_header(op, dtype, redop, s.backends, self.topology.label(),
-                                                  self.device.type, s.inplace))  # fmt: skip
+                    self.print(views.sweep_header(op, dtype, redop, s.backends,
+                                                  self.topology.label(), self.device.type,
+                                                  s.inplace))  # fmt: skip
                     skip: dict[str, str] = {}
                     table: list[dict[str, Any]] = []
                     for nbytes in s.sizes:
                         # Created late, so that short sweeps never show a bar.
-                        if bar is None and tqdm is not None and time.monotonic() - started > 2:
-                            bar = tqdm(total=total, initial=done, file=sys.stderr, unit="point",
-                                       leave=False, dynamic_ncols=True, disable=None)  # fmt: skip
-                        if bar is not None:
-                            bar.set_description(f"{op} {dtype} {format_size(nbytes)}", False)
+                        if self.bar is None and tqdm is not None and time.monotonic() - started > 2:
+                            # tqdm's default lock is a multiprocessing semaphore, which a
+                            # rank that leaves with os._exit would leak.
+                            tqdm.set_lock(threading.RLock())
+                            self.bar = tqdm(total=total, initial=done, file=sys.stderr,
+                                            unit="point", leave=False, dynamic_ncols=True,
+                                            disable=None)  # fmt: skip
+                        if self.bar is not None:
+                            self.bar.set_description(f"{op} {dtype} {format_size(nbytes)}", False)
                         recs = self.measure(op, dtype, nbytes, skip)
                         if recs:
                             table += recs
@@ -263,23 +265,23 @@ class Sweep:
                             self.print(f"# {nbytes} B: less than one {dtype} element per rank, "
                                        "skipped")  # fmt: skip
                         done += 1
-                        if bar is not None:
-                            bar.update(1)
+                        if self.bar is not None:
+                            self.bar.update(1)
                     self.print(views.sweep_footer(table, s.backends))
                     results += table
         finally:
-            if bar is not None:
-                bar.close()
+            if self.bar is not None:
+                self.bar.close()
+                self.bar = None
         return results
 
     def print(self, text: str) -> None:
         if self.rank != 0 or not text:
             return
-        tqdm = _tqdm()
-        if tqdm is None:
+        if self.bar is None:
             print(text, flush=True)
         else:
-            tqdm.write(text, file=sys.stdout)
+            self.bar.write(text, file=sys.stdout)
             sys.stdout.flush()
 
 
@@ -296,30 +298,35 @@ def new_group(name: str, timeout: Any) -> Any:
     """The group of one backend column; "smddp:ring" is smddp with SMDDP_ALGO=ring
     (a group reads the SMDDP_* variables when it is created)."""
     base, _, algo = name.partition(":")
-    saved = os.environ.get("SMDDP_ALGO")
-    if algo:
-        os.environ["SMDDP_ALGO"] = algo
-    try:
+    with launch.environ({"SMDDP_ALGO": algo} if algo else {}):
         return dist.new_group(backend=base, timeout=timeout)
+
+
+@contextlib.contextmanager
+def process_group(rank: int, world: int, init_method: str, timeout_s: float,
+                  backend: str = "gloo") -> Iterator[datetime.timedelta]:  # fmt: skip
+    """This process as rank ``rank`` of a process group (the control group of
+    every benchmark here: gloo), destroyed on the way out; yields the timeout."""
+    import smddp  # noqa: F401  (registers the backend)
+
+    # The collectives do not use torch's thread pool; the untimed fills and
+    # checks would, and its idle OpenMP workers spin on cores the next timed
+    # call needs.
+    torch.set_num_threads(1)
+    timeout = datetime.timedelta(seconds=timeout_s)
+    dist.init_process_group(backend, init_method=init_method, rank=rank, world_size=world,
+                            timeout=timeout)  # fmt: skip
+    try:
+        yield timeout
     finally:
-        if algo and saved is None:
-            del os.environ["SMDDP_ALGO"]
-        elif algo:
-            os.environ["SMDDP_ALGO"] = saved
+        dist.destroy_process_group()
 
 
 def run_rank(settings: SweepSettings, rank: int, world: int, init_method: str,
              local_rank: int) -> int:  # fmt: skip
     """Joins the process group, runs the sweep, and (rank 0) writes the files.
     Returns the process exit status: 0, or 3 when a result was wrong."""
-    import smddp  # noqa: F401  (registers the backend)
-
     s = settings
-    timeout = datetime.timedelta(seconds=s.pg_timeout)
-    # The collectives do not use torch's thread pool; the untimed fills and
-    # checks would, and its idle OpenMP workers spin on cores the next timed
-    # call needs.
-    torch.set_num_threads(1)
     device = torch.device("cpu")
     if s.device == "cuda":
         torch.cuda.set_device(local_rank % torch.cuda.device_count())
@@ -328,9 +335,7 @@ def run_rank(settings: SweepSettings, rank: int, world: int, init_method: str,
         "argv", "json_path", "plot_path", "progress", "launcher", "facts", "timing")},
         s.timing)  # fmt: skip
     started = time.monotonic()
-    dist.init_process_group("gloo", init_method=init_method, rank=rank, world_size=world,
-                            timeout=timeout)  # fmt: skip
-    try:
+    with process_group(rank, world, init_method, s.pg_timeout) as timeout:
         comm = TorchComm(dist.group.WORLD)
         groups = {b: new_group(b, timeout) for b in s.backends}
         topo = detect_topology(world, comm.ctrl)
@@ -355,14 +360,11 @@ def run_rank(settings: SweepSettings, rank: int, world: int, init_method: str,
                 title = (f"smddp-bench: {' vs '.join(s.backends)}, busbw (median)"
                          f"{', AllGather/ReduceScatter in place' if s.inplace else ''}\n"
                          f"{topo.label()}, {device.type}, {socket.gethostname()}")  # fmt: skip
-                panels = views.sweep_panels(results)
-                if plot.busbw(panels, s.plot_path, title):
-                    sweep.print(f"# plot:    {s.plot_path}")
-                else:
-                    sweep.print("# plot:    skipped, matplotlib is not installed")
+                panels = plot.from_results(results, ("op", "dtype"),
+                                           lambda k: f"{_ops.OPS[k[0]].title}, {k[1]}")
+                written = plot.busbw(panels, s.plot_path, title)
+                sweep.print(f"# plot:    {s.plot_path}" if written else
+                            "# plot:    skipped, matplotlib is not installed")  # fmt: skip
         flag = torch.tensor([status], dtype=torch.int64)
         dist.broadcast(flag, src=0, group=comm.ctrl)
         return int(flag.item())
-    finally:
-        dist.destroy_process_group()
-
