@@ -1,5 +1,5 @@
 """The training-step benchmark: one FSDP (or DDP) step of the example's GPT
-(smddp.bench.gpt, the model examples/train_fsdp.py trains) on smddp, on its
+(smddp._gpt, the model examples/train_fsdp.py trains) on smddp, on its
 rival and on torch's "fake" backend, whose collectives do nothing, so that
 ``(t - t_fake) / t_fake`` is what communication costs a step.
 
@@ -27,7 +27,8 @@ import torch
 import torch.distributed as dist
 import torch.nn.functional as F
 
-from smddp.bench import gpt, launch, record, views
+from smddp import _gpt as gpt
+from smddp.bench import launch, record, views
 from smddp.bench.units import arg, at_least, choose
 
 VOCAB = 512
@@ -41,7 +42,7 @@ BACKENDS = ("smddp", "gloo", "fake")
 
 
 def num_params(c: gpt.GPTConfig) -> int:
-    """Parameters of smddp.bench.gpt.GPT of this shape."""
+    """Parameters of smddp._gpt.GPT of this shape."""
     w, h = c.width, c.hidden or 4 * c.width
     return c.layers * (4 * w * w + 2 * h * w + 9 * w + h) + (2 * c.vocab_size + c.seq_len + 2) * w
 
