@@ -15,7 +15,7 @@ import subprocess
 import sys
 import sysconfig
 import time
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass
 from types import SimpleNamespace
 from typing import Any, Callable
 
@@ -43,23 +43,9 @@ TIMING = timing.Timing(timing.BARRIER_EACH, 2, 0, None, 0.2, 5, 1000, 1, 6.0)
 TIMING_OPTIONS = ("warmup", "time_per_point", "min_iters", "max_iters", "cap")
 
 
-@dataclass
-class Settings:
-    impls: tuple[str, ...]
-    ops: tuple[str, ...]
-    dtypes: tuple[str, ...]
-    sizes: tuple[int, ...]
-    ranks: tuple[int, ...]
-    timing: timing.Timing
-    point_timeout: float
-    start_timeout: float
-    mpi_bf16: str
-    venv_dir: str
-    setup: str  # auto: create missing venvs; only: create them and stop; skip
-    out: str
-    json_path: str
-    plot: bool
-    argv: list[str] = field(default_factory=list)
+# What the record keeps of the settings (besides its timing and command).
+SETTINGS = ("impls", "ops", "dtypes", "sizes", "ranks", "point_timeout", "start_timeout",
+            "mpi_bf16", "venv_dir", "setup", "out", "plot")  # fmt: skip
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -101,23 +87,21 @@ def build_parser() -> argparse.ArgumentParser:
     return p
 
 
-def parse_args(argv: list[str] | None = None) -> Settings:
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     """The settings a command line asks for (SystemExit(2) with a message if wrong)."""
     argv = list(sys.argv[1:] if argv is None else argv)
     parser = build_parser()
-    ns = parser.parse_args(argv)
-    how = timing.from_options(ns, TIMING, parser)
-    if how.warmup < 1:
+    s = parser.parse_args(argv)
+    s.timing = timing.from_options(s, TIMING, parser)
+    if s.timing.warmup < 1:
         parser.error("--warmup must be at least 1: the warm-up plans the point")
-    if ns.point_timeout <= how.cap:
+    if s.point_timeout <= s.timing.cap:
         parser.error("--point-timeout must be above --point-cap")
-    return Settings(
-        impls=ns.impls, ops=ns.ops, dtypes=ns.dtypes, sizes=ns.sizes, ranks=ns.ranks, timing=how,
-        point_timeout=ns.point_timeout, start_timeout=ns.start_timeout, mpi_bf16=ns.mpi_bf16,
-        venv_dir=ns.venv_dir, setup="only" if ns.setup_only else "skip" if ns.no_setup else "auto",
-        out=ns.out, json_path=ns.json or ns.out + ".json", plot=not ns.no_plot,
-        argv=["python", "-m", "bench.peers", *argv],
-    )  # fmt: skip
+    # auto: create the missing venvs; only: create them and stop; skip: never.
+    s.setup = "only" if s.setup_only else "skip" if s.no_setup else "auto"
+    s.json_path, s.plot = s.json or s.out + ".json", not s.no_plot
+    s.argv = ["python", "-m", "bench.peers", *argv]
+    return s
 
 
 # -- the plan ---------------------------------------------------------------------------
@@ -149,7 +133,7 @@ def status_record(impl: str, world: int, p: Point, status: str, note: str) -> di
     return record.point(impl, p[0], p[1], redop, world, p[2], status=status, note=note)
 
 
-def plan(s: Settings) -> tuple[list[Job], list[dict[str, Any]]]:
+def plan(s: argparse.Namespace) -> tuple[list[Job], list[dict[str, Any]]]:
     """The jobs to launch, and the records of cells that need none (n/a)."""
     jobs: list[Job] = []
     fixed: list[dict[str, Any]] = []
@@ -217,7 +201,7 @@ def deepspeed_env(env_path: str) -> dict[str, str]:
             "TORCH_EXTENSIONS_DIR": os.path.join(env_path, "torch_extensions")}  # fmt: skip
 
 
-def ensure_env(name: str, s: Settings, say: Callable[[str], None]) -> SimpleNamespace:
+def ensure_env(name: str, s: argparse.Namespace, say: Callable[[str], None]) -> SimpleNamespace:
     """The venv of one peer (path, ok, version, error), created (or recreated)
     when missing or stale."""
     path = os.path.abspath(os.path.join(s.venv_dir, name))
@@ -328,8 +312,8 @@ def _clean_shm(before: set[str], port: int | None) -> None:
                 os.unlink(os.path.join("/dev/shm", name))
 
 
-def run_once(job: Job, points: list[Point], envs: dict[str, Any], s: Settings, logdir: str,
-             attempt: int, on_record: Callable[[dict], None]) -> SimpleNamespace:  # fmt: skip
+def run_once(job: Job, points: list[Point], envs: dict[str, Any], s: argparse.Namespace,
+             logdir: str, attempt: int, on_record: Callable[[dict], None]) -> SimpleNamespace:
     """Runs the ranks of one job on ``points`` and watches them: a point that
     outlives --point-timeout, or ranks that do not start within --start-timeout,
     are killed with everything they started. Returns records, info, and for a
@@ -392,7 +376,7 @@ def run_once(job: Job, points: list[Point], envs: dict[str, Any], s: Settings, l
     return out
 
 
-def run_job(job: Job, envs: dict[str, Any], s: Settings, logdir: str,
+def run_job(job: Job, envs: dict[str, Any], s: argparse.Namespace, logdir: str,
             say: Callable[[str], None]) -> tuple[list[dict[str, Any]], dict[str, Any]]:  # fmt: skip
     """All points of a job, relaunching the ranks after a point that failed
     (the larger sizes of its table are skipped: they would fail too)."""
@@ -430,10 +414,10 @@ def progress_line(rec: dict[str, Any]) -> str:
             f"{'  #wrong ' + str(rec['wrong']) if rec['wrong'] else ''}")  # fmt: skip
 
 
-def build_record(s: Settings, records: list[dict[str, Any]], impl_info: dict[str, Any],
+def build_record(s: argparse.Namespace, records: list[dict[str, Any]], impl_info: dict[str, Any],
                  elapsed: float, rec: dict[str, Any] | None = None) -> dict[str, Any]:  # fmt: skip
     """The peers record (kind "peers"); ``rec``: one made by record.new at the start."""
-    settings = {k: v for k, v in vars(s).items() if k not in ("argv", "timing", "json_path")}
+    settings = {k: getattr(s, k) for k in SETTINGS}
     rec = rec or record.new("peers", s.argv, settings, s.timing)
     rec["settings"] = settings
     m = rec["machine"]
@@ -449,7 +433,7 @@ def write_plot(rec: dict[str, Any], path: str) -> bool:
     """busbw against size: one panel per (op, dtype, world), one line per implementation."""
     title = lambda k: f"{_ops.OPS[k[0]].title} {k[1]}, {k[2]} ranks"  # noqa: E731
     m, impls = rec["machine"], ", ".join(rec["settings"]["impls"])
-    return plot.busbw(plot.from_results(rec["results"], ("op", "dtype", "world"), title), path,
+    return plot.busbw(rec["results"], ("op", "dtype", "world"), title, path,
                       f"shared-memory collectives on one host: {impls}\n{m['cpu_model']}, "
                       f"{m['cpu_cores_available']} cores, {m['hostname']}",
                       ncols=len(rec["settings"]["ranks"]))  # fmt: skip

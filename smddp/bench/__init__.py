@@ -30,3 +30,11 @@ __all__ = [
     "ring_time", "parse_size", "parse_size_list", "size_range",
 ]  # fmt: skip
 
+
+def __getattr__(name: str):  # type: ignore[no-untyped-def]
+    # The command's pieces import torch: loaded when asked for.
+    if name in ("main", "parse_run_args"):
+        from smddp.bench import cli
+
+        return getattr(cli, name)
+    raise AttributeError(f"module 'smddp.bench' has no attribute {name!r}")

@@ -17,9 +17,10 @@ import os
 import sys
 import time
 
+import torch
+
 from smddp.bench import launch, sweep, timing
 from smddp.bench import ops as _ops
-from smddp.bench.sweep import SweepSettings
 from smddp.bench.units import OP_ALIASES, HelpFormatter, SizeOptions, arg, at_least, choose
 from smddp.bench.units import format_size, positive
 
@@ -61,12 +62,7 @@ def parse_backends(text: str, device: str) -> tuple[str, ...]:
 
 
 def _gpu_count() -> int:
-    try:
-        import torch
-
-        return torch.cuda.device_count() if torch.cuda.is_available() else 0
-    except Exception:
-        return 0
+    return torch.cuda.device_count() if torch.cuda.is_available() else 0
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -96,11 +92,11 @@ def build_parser() -> argparse.ArgumentParser:
                    "smddp,gloo on CPU, smddp,nccl on GPU); smddp:ring and smddp:hierarchical are "
                    "smddp with that SMDDP_ALGO")
     g = p.add_argument_group("what to run")
-    g.add_argument("--op", default=",".join(_ops.DEFAULT_OPS),
+    g.add_argument("--op", dest="ops", metavar="OP", default=",".join(_ops.DEFAULT_OPS),
                    type=arg(lambda text: choose(text, _ops.OPS, "op", OP_ALIASES)),
                    help=f"comma list of {', '.join(_ops.OPS)}, or all")
     SIZES.add(g)
-    g.add_argument("-d", "--dtype", default="float32",
+    g.add_argument("-d", "--dtype", dest="dtypes", metavar="DTYPE", default="float32",
                    type=arg(lambda text: choose(text, _ops.DTYPES, "dtype", _ops.DTYPE_ALIASES)),
                    help=f"comma list of {', '.join(_ops.DTYPES)}")
     g.add_argument("-o", "--redop", default="sum", choices=_ops.REDOPS, help="reduction")
@@ -124,62 +120,57 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def resolve(ns: argparse.Namespace, parser: argparse.ArgumentParser, argv: list[str],
-            external_world: int | None = None) -> tuple[SweepSettings, int, int | None]:
-    """Checks the arguments; returns the settings, the world size and the
-    ranks per node to emulate (None: leave SMDDP_RANKS_PER_NODE alone)."""
+            external_world: int | None = None) -> tuple[argparse.Namespace, int, int | None]:
+    """Checks the arguments; returns the settings (``ns``, completed: what a
+    rank needs, picklable), the world size and the ranks per node to emulate
+    (None: leave SMDDP_RANKS_PER_NODE alone)."""
     gpus = _gpu_count()
-    device = ns.device if ns.device != "auto" else ("cuda" if gpus else "cpu")
-    if device == "cuda" and not gpus:
+    ns.device = ns.device if ns.device != "auto" else ("cuda" if gpus else "cpu")
+    if ns.device == "cuda" and not gpus:
         parser.error("--device cuda: this host has no usable CUDA GPU")
     try:
-        backends = parse_backends(
-            ns.backends or ("smddp,nccl" if device == "cuda" else "smddp,gloo"), device
+        ns.backends = parse_backends(
+            ns.backends or ("smddp,nccl" if ns.device == "cuda" else "smddp,gloo"), ns.device
         )
-        sizes = SIZES.parse(ns)
+        ns.sizes = tuple(SIZES.parse(ns))
     except ValueError as e:
         parser.error(str(e))
     if external_world is not None and ns.nproc not in (None, external_world):
         parser.error(f"--nproc {ns.nproc} disagrees with WORLD_SIZE={external_world} set by the "
                      "launcher")  # fmt: skip
-    world = external_world or ns.nproc or (gpus if device == "cuda" else 4)
+    world = external_world or ns.nproc or (gpus if ns.device == "cuda" else 4)
     rpn: int | None = None
     if ns.nodes is not None:
         if world % ns.nodes:
             parser.error(f"--nodes {ns.nodes} does not divide {world} ranks into equal nodes")
         rpn = world // ns.nodes
     elif external_world is None and not os.environ.get("SMDDP_RANKS_PER_NODE"):
-        rpn = world // 2 if device == "cpu" and world >= 4 and world % 2 == 0 else world
+        rpn = world // 2 if ns.device == "cpu" and world >= 4 and world % 2 == 0 else world
     if not 0 <= ns.root < world:
         parser.error(f"--root {ns.root} is not a rank of {world}")
-    settings = SweepSettings(
-        ops=ns.op, dtypes=ns.dtype, sizes=tuple(sizes), redop=ns.redop, root=ns.root,
-        inplace=ns.inplace, backends=backends, device=device,
-        timing=timing.from_options(ns, timing.Timing(), parser), pg_timeout=ns.pg_timeout,
-        json_path=None if ns.no_save else (ns.json or None),
-        plot_path=None if ns.no_save else (ns.plot or None), progress=not ns.no_progress,
-        launcher="external" if external_world is not None else "spawn",
-        argv=["smddp-bench", *argv],
-    )  # fmt: skip
-    return settings, world, rpn
+    ns.timing = timing.from_options(ns, timing.Timing(), parser)
+    ns.json, ns.plot = (None, None) if ns.no_save else (ns.json or None, ns.plot or None)
+    ns.launcher = "external" if external_world is not None else "spawn"
+    ns.argv = ["smddp-bench", *argv]
+    return ns, world, rpn
 
 
-def parse_run_args(argv: list[str]) -> tuple[SweepSettings, int, int | None]:
+def parse_run_args(argv: list[str]) -> tuple[argparse.Namespace, int, int | None]:
     """The settings a command line asks for (SystemExit(2) with a message if
     it is wrong), as if smddp-bench spawned the ranks itself."""
     parser = build_parser()
     return resolve(parser.parse_args(argv), parser, argv)
 
 
-def describe(s: SweepSettings, world: int, rpn: int | None) -> str:
+def describe(s: argparse.Namespace, world: int, rpn: int | None) -> str:
     """The header of a run: what runs where, and how it is timed."""
     rpn = rpn or int(os.environ.get("SMDDP_RANKS_PER_NODE") or 0) or None
     nodes = -(-world // rpn) if rpn else None
     shape = f"{world} ranks" + (f" = {nodes} nodes x {rpn}" if nodes and nodes > 1 else "")
     span = (format_size(s.sizes[0]) if len(s.sizes) == 1 else
             f"{format_size(s.sizes[0])}..{format_size(s.sizes[-1])} ({len(s.sizes)} sizes)")
-    facts = "".join(f"\n# {k}: {v}" for k, v in s.facts.items())
     return (f"# smddp-bench: {shape} on {s.device}; {' vs '.join(s.backends)}; "
-            f"{', '.join(s.ops)}; {', '.join(s.dtypes)}; {span}{facts}\n# {s.timing.describe()}")
+            f"{', '.join(s.ops)}; {', '.join(s.dtypes)}; {span}\n# {s.timing.describe()}")
 
 
 def run(argv: list[str]) -> int:

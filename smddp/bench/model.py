@@ -77,19 +77,6 @@ def _check(op: str, nodes: int, m: Machine) -> None:
         raise ValueError("nodes and GPUs per node must be at least 1")
 
 
-def stage_times(size: float, nodes: int, m: Machine) -> dict[str, float]:
-    """Latency and transfer parts (seconds) of the rail and node stages of
-    smddp's AllGather (ReduceScatter: the same, in the other order)."""
-    g = m.gpus_per_node
-    block = size / (nodes * g)
-    return {
-        "rail_latency": (nodes - 1) * m.alpha_inter_us * 1e-6,
-        "rail_transfer": (nodes - 1) * block / (m.nic_share_gbs * 1e9),
-        "node_latency": (g - 1) * m.alpha_intra_us * 1e-6,
-        "node_transfer": (g - 1) * nodes * block / (m.nvlink_gbs * 1e9),
-    }
-
-
 def pipeline_chunks(size: float, m: Machine) -> int:
     return max(1, math.ceil(size / m.gpus_per_node / m.chunk_bytes))
 
@@ -106,17 +93,18 @@ def ring_time(op: str, size: float, nodes: int, m: Machine) -> float:
 
 
 def hierarchical_time(op: str, size: float, nodes: int, m: Machine) -> float:
-    """Seconds of smddp's rail-aligned, pipelined schedule: the slower stage,
-    then the faster one's latency and last chunk (the pipeline fill)."""
+    """Seconds of smddp's rail-aligned, pipelined schedule: AllGather's rail
+    stage, then its node stage (ReduceScatter: the other order), chunks in a
+    pipeline, so the slower stage plus the faster one's latency and last chunk."""
     _check(op, nodes, m)
-    st = stage_times(size, nodes, m)
-    rail = st["rail_latency"] + st["rail_transfer"]
-    node = st["node_latency"] + st["node_transfer"]
-    k = pipeline_chunks(size, m)
-    if rail >= node:
-        one_way = rail + st["node_latency"] + st["node_transfer"] / k
-    else:
-        one_way = node + st["rail_latency"] + st["rail_transfer"] / k
+    g = m.gpus_per_node
+    block = size / (nodes * g)
+    # (latency, transfer) of each stage: every GPU over its own rail's NIC
+    # share; the node's NVSwitch ring, N blocks per step.
+    rail = ((nodes - 1) * m.alpha_inter_us * 1e-6, (nodes - 1) * block / (m.nic_share_gbs * 1e9))
+    node = ((g - 1) * m.alpha_intra_us * 1e-6, (g - 1) * nodes * block / (m.nvlink_gbs * 1e9))
+    slow, fast = (rail, node) if sum(rail) >= sum(node) else (node, rail)
+    one_way = sum(slow) + fast[0] + fast[1] / pipeline_chunks(size, m)
     return one_way * (2 if op == "all_reduce" else 1)
 
 

@@ -18,7 +18,6 @@ import socket
 import sys
 import threading
 import time
-from dataclasses import dataclass, field
 from types import SimpleNamespace
 from typing import Any, Callable, Iterator
 
@@ -30,54 +29,25 @@ from smddp.bench import ops as _ops
 from smddp.bench.units import format_size
 
 
-@dataclass
-class SweepSettings:
-    """Everything a rank needs to run a sweep (picklable: sent to spawned ranks)."""
-
-    ops: tuple[str, ...] = _ops.DEFAULT_OPS
-    dtypes: tuple[str, ...] = ("float32",)
-    sizes: tuple[int, ...] = (4096,)
-    redop: str = "sum"
-    root: int = 0
-    inplace: bool = False  # AllGather/ReduceScatter in place (nccl-tests' in-place columns)
-    backends: tuple[str, ...] = ("smddp", "gloo")
-    device: str = "cpu"
-    timing: timing.Timing = field(default_factory=timing.Timing)
-    pg_timeout: float = 120.0
-    json_path: str | None = None
-    plot_path: str | None = None
-    progress: bool = True
-    launcher: str = "spawn"
-    argv: list[str] = field(default_factory=list)
-    # What the launcher knows of the cluster (hosts, NICs, link rate, ...):
-    # printed in the header and kept in the record's topology.
-    facts: dict[str, Any] = field(default_factory=dict)
+# What a sweep's record keeps of its settings (besides its timing and command).
+SETTINGS = ("ops", "dtypes", "sizes", "redop", "root", "inplace", "backends", "device",
+            "pg_timeout")  # fmt: skip
 
 
-@dataclass
-class Topology:
-    world: int
-    nodes: int
-    ranks_per_node: int
-    emulated: bool
-    hosts: int
-    rank_hosts: list[str] = field(default_factory=list)
-
-    def label(self) -> str:
-        nodes = f"{self.nodes} node" + ("s" if self.nodes != 1 else "")
-        shape = f"{self.world} ranks = {nodes} x {self.ranks_per_node}"
-        return shape + (" (emulated nodes)" if self.emulated else "")
-
-
-def detect_topology(world: int, ctrl: Any) -> Topology:
+def detect_topology(world: int, ctrl: Any, launcher: str) -> dict[str, Any]:
+    """The record's topology: world, nodes (emulated when SMDDP_RANKS_PER_NODE
+    makes more than there are hosts), ranks per node, hosts, the label."""
     hosts: list[Any] = [None] * world
     dist.all_gather_object(hosts, socket.gethostname(), group=ctrl)
     nhosts = len(set(hosts))
     rpn = int(os.environ.get("SMDDP_RANKS_PER_NODE") or 0)
-    if rpn > 0:
-        nodes = math.ceil(world / rpn)
-        return Topology(world, nodes, min(rpn, world), nodes > nhosts, nhosts, hosts)
-    return Topology(world, nhosts, world // nhosts, False, nhosts, hosts)
+    nodes = math.ceil(world / rpn) if rpn > 0 else nhosts
+    rpn = min(rpn, world) if rpn > 0 else world // nhosts
+    emulated = nodes > nhosts
+    label = (f"{world} ranks = {nodes} node{'s' if nodes != 1 else ''} x {rpn}"
+             + (" (emulated nodes)" if emulated else ""))  # fmt: skip
+    return {"world": world, "nodes": nodes, "ranks_per_node": rpn, "emulated": emulated,
+            "hosts": nhosts, "rank_hosts": hosts, "label": label, "launcher": launcher}
 
 
 class TorchComm:
@@ -199,8 +169,8 @@ class Sweep:
 
     bar: Any = None  # rank 0's progress bar, once the sweep has run for a while
 
-    def __init__(self, s: SweepSettings, comm: TorchComm, groups: dict[str, Any],
-                 device: torch.device, topology: Topology):  # fmt: skip
+    def __init__(self, s: Any, comm: TorchComm, groups: dict[str, Any],
+                 device: torch.device, topology: dict[str, Any]):  # fmt: skip
         self.s, self.comm, self.groups = s, comm, groups
         self.rank, self.world = comm.rank, comm.world
         self.device, self.topology = device, topology
@@ -235,14 +205,14 @@ class Sweep:
     def run(self) -> list[dict[str, Any]]:
         s = self.s
         total, done, started = len(s.ops) * len(s.dtypes) * len(s.sizes), 0, time.monotonic()
-        tqdm = _tqdm() if self.rank == 0 and s.progress else None
+        tqdm = _tqdm() if self.rank == 0 and not s.no_progress else None
         results: list[dict[str, Any]] = []
         try:
             for op in s.ops:
                 for dtype in s.dtypes:
                     redop = s.redop if _ops.OPS[op].reduces else "none"
                     self.print(views.sweep_header(op, dtype, redop, s.backends,
-                                                  self.topology.label(), self.device.type,
+                                                  self.topology["label"], self.device.type,
                                                   s.inplace))  # fmt: skip
                     skip: dict[str, str] = {}
                     table: list[dict[str, Any]] = []
@@ -322,7 +292,7 @@ def process_group(rank: int, world: int, init_method: str, timeout_s: float,
         dist.destroy_process_group()
 
 
-def run_rank(settings: SweepSettings, rank: int, world: int, init_method: str,
+def run_rank(settings: Any, rank: int, world: int, init_method: str,
              local_rank: int) -> int:  # fmt: skip
     """Joins the process group, runs the sweep, and (rank 0) writes the files.
     Returns the process exit status: 0, or 3 when a result was wrong."""
@@ -331,14 +301,12 @@ def run_rank(settings: SweepSettings, rank: int, world: int, init_method: str,
     if s.device == "cuda":
         torch.cuda.set_device(local_rank % torch.cuda.device_count())
         device = torch.device("cuda", torch.cuda.current_device())
-    rec = record.new("sweep", s.argv, {k: v for k, v in vars(s).items() if k not in (
-        "argv", "json_path", "plot_path", "progress", "launcher", "facts", "timing")},
-        s.timing)  # fmt: skip
+    rec = record.new("sweep", s.argv, {k: getattr(s, k) for k in SETTINGS}, s.timing)
     started = time.monotonic()
     with process_group(rank, world, init_method, s.pg_timeout) as timeout:
         comm = TorchComm(dist.group.WORLD)
         groups = {b: new_group(b, timeout) for b in s.backends}
-        topo = detect_topology(world, comm.ctrl)
+        topo = detect_topology(world, comm.ctrl, s.launcher)
         sweep = Sweep(s, comm, groups, device, topo)
         results = sweep.run()
         status = 0
@@ -346,24 +314,22 @@ def run_rank(settings: SweepSettings, rank: int, world: int, init_method: str,
             rec["machine"].update(device=device.type, gpus=[torch.cuda.get_device_name(i) for i in
                                   range(torch.cuda.device_count())] if s.device == "cuda" else [])
             rec["config"] = record.smddp_config()
-            rec["topology"] = {**vars(topo), "label": topo.label(), "launcher": s.launcher,
-                               "facts": s.facts}  # fmt: skip
+            rec["topology"] = topo
             rec["elapsed_s"] = round(time.monotonic() - started, 1)
             rec["results"] = results
             rec["summary"] = views.sweep_summary(results, s.backends)
             status = launch.EXIT_WRONG if rec["summary"]["wrong"] else 0
             sweep.print(views.run_footer(rec))
-            if s.json_path:
-                record.write(rec, s.json_path)
-                sweep.print(f"# results: {s.json_path}")
-            if s.plot_path:
+            if s.json:
+                record.write(rec, s.json)
+                sweep.print(f"# results: {s.json}")
+            if s.plot:
                 title = (f"smddp-bench: {' vs '.join(s.backends)}, busbw (median)"
                          f"{', AllGather/ReduceScatter in place' if s.inplace else ''}\n"
-                         f"{topo.label()}, {device.type}, {socket.gethostname()}")  # fmt: skip
-                panels = plot.from_results(results, ("op", "dtype"),
-                                           lambda k: f"{_ops.OPS[k[0]].title}, {k[1]}")
-                written = plot.busbw(panels, s.plot_path, title)
-                sweep.print(f"# plot:    {s.plot_path}" if written else
+                         f"{topo['label']}, {device.type}, {socket.gethostname()}")  # fmt: skip
+                written = plot.busbw(results, ("op", "dtype"),
+                                     lambda k: f"{_ops.OPS[k[0]].title}, {k[1]}", s.plot, title)
+                sweep.print(f"# plot:    {s.plot}" if written else
                             "# plot:    skipped, matplotlib is not installed")  # fmt: skip
         flag = torch.tensor([status], dtype=torch.int64)
         dist.broadcast(flag, src=0, group=comm.ctrl)
