@@ -152,9 +152,10 @@ def at_least(low: Any, kind: Callable[[str], Any] = int) -> Callable[[str], Any]
     """An argparse type: ``kind(text)`` (an int unless told), at least ``low``."""
 
     def value(text: str) -> Any:
-        if kind(text) < low:
+        number = kind(text)
+        if number < low:
             raise ValueError(f"must be at least {low}, got {text}")
-        return kind(text)
+        return number
 
     return arg(value)
 
