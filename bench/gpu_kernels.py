@@ -19,6 +19,7 @@ import os
 import statistics
 import sys
 from types import SimpleNamespace
+from typing import Any
 
 if __package__ in (None, ""):  # run as a script: the repository's root is one folder up
     sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
@@ -61,10 +62,14 @@ def main(argv: list[str] | None = None) -> int:
 
         return stop
 
-    def gbs(case: SimpleNamespace, moved: int) -> float:
+    def gbs(run: Any, out: Any, want: Any, moved: int, what: str) -> float:
+        """Bytes moved per second by ``run``, whose output ``out`` must equal ``want``."""
+        nan = float("nan")
+        case = SimpleNamespace(run=run, restore=lambda: None, poison=lambda: out.fill_(nan),
+                               wrong=lambda: int((out != want).sum()))  # fmt: skip
         r = timing.measure({"k": case}, timing.LocalComm(), how, torch.cuda.synchronize, clock)["k"]
         if r.status != "ok" or r.wrong:
-            raise SystemExit(f"{case.what}: {r.error or f'{r.wrong} wrong elements'}")
+            raise SystemExit(f"{what}: {r.error or f'{r.wrong} wrong elements'}")
         return moved / statistics.median(r.samples) / 1e9
 
     rows = []
@@ -76,16 +81,11 @@ def main(argv: list[str] | None = None) -> int:
                 outs = torch.empty_like(xs)
                 x, y, out = xs[off:], ys[off:], outs[off:]
                 want = (x.float() + y.float()).to(dtype)
-                nan = lambda: out.fill_(float("nan"))  # noqa: E731
-                copy = SimpleNamespace(run=lambda: out.copy_(x), restore=lambda: None, poison=nan,
-                                       wrong=lambda: int((out != x).sum()), what="copy")
-                copy_bw = gbs(copy, 2 * x.numel() * x.element_size())
+                moved = x.numel() * x.element_size()
+                copy_bw = gbs(lambda: out.copy_(x), out, x, 2 * moved, "copy")
                 for nb in blocks:
-                    red = SimpleNamespace(
-                        run=lambda nb=nb: kernels.device_reduce([x, y], "SUM", nb, out=out),
-                        restore=lambda: None, poison=nan, wrong=lambda: int((out != want).sum()),
-                        what=f"device_reduce with {nb} blocks, offset {off}")  # fmt: skip
-                    red_bw = gbs(red, 3 * x.numel() * x.element_size())
+                    red_bw = gbs(lambda nb=nb: kernels.device_reduce([x, y], "SUM", nb, out=out), out,
+                                 want, 3 * moved, f"device_reduce with {nb} blocks, offset {off}")  # fmt: skip
                     rows.append({"dtype": str(dtype).split(".")[-1], "bytes": nbytes, "offset": off,
                                  "copy_gbps": copy_bw, "blocks": nb, "reduce_gbps": red_bw,
                                  "ratio": red_bw / copy_bw})  # fmt: skip
