@@ -676,33 +676,38 @@ def step_tests(check: "Check", run: StepRun):
 
 
 def _kernel_bench_reason(path: str) -> str | None:
-    """The best ratio to the device-to-device copy per dtype, at the largest size."""
+    """The best ratio to the device-to-device copy per dtype, at the largest
+    size and aligned buffers (a gpu-kernels record's results)."""
     try:
         with open(path) as f:
-            data = json.load(f)
-        rows = data["rows"] if isinstance(data, dict) else data
+            rows = json.load(f)["results"]
         best = {}
         for r in rows:
-            key = r["dtype"]
-            cur = best.get(key)
+            if r.get("offset", 0):
+                continue
+            cur = best.get(r["dtype"])
             if cur is None or (r["bytes"], r["ratio"]) > (cur["bytes"], cur["ratio"]):
-                best[key] = r
+                best[r["dtype"]] = r
         return "; ".join(f"{k} {r['bytes'] >> 20} MiB: {r['ratio'] * 100:.0f} % of copy ({r['reduce_gbps']:.0f} "
-                         f"against {r['copy_gbps']:.0f} GB/s, {r['blocks']} blocks)" for k, r in best.items())
+                         f"against {r['copy_gbps']:.0f} GB/s, {r['blocks']} blocks)" for k, r in best.items()) or None
     except (OSError, ValueError, KeyError, TypeError):
         return None
 
 
 def _collectives_reason(path: str) -> str | None:
+    """The busbw of each op at its largest size (a sweep record's points)."""
     try:
         with open(path) as f:
-            rows = json.load(f)
+            points = json.load(f)["results"]
         biggest = {}
-        for r in rows:
-            if r["op"] not in biggest or r["bytes"] > biggest[r["op"]]["bytes"]:
+        for r in points:
+            if r["op"] not in biggest or r["size_bytes"] > biggest[r["op"]]["size_bytes"]:
                 biggest[r["op"]] = r
-        return "; ".join(f"{op} {r['bytes'] >> 20} MiB busbw {r['busbw']:.0f} GB/s{'' if r['ok'] else ' WRONG'}"
-                         for op, r in biggest.items())
+        return "; ".join(
+            f"{op} {r['size_bytes'] >> 20} MiB "
+            + (f"busbw {r['busbw_gbs']:.0f} GB/s{' WRONG' if r.get('wrong') else ''}" if "busbw_gbs" in r
+               else r["status"] + (f" ({r['note']})" if r.get("note") else ""))
+            for op, r in biggest.items()) or None  # fmt: skip
     except (OSError, ValueError, KeyError, TypeError):
         return None
 
