@@ -140,6 +140,15 @@ constexpr int kYieldUsOversubscribed = 2000;
     "stage through host memory). Where a rank cannot map it (a sandboxed "       \
     "runtime), every rank stages through host memory, with a warning naming "    \
     "that rank.")                                                               \
+  X(cuda_sync, "SMDDP_CUDA_SYNC", true, choice, "host", "host|device",                 \
+    "How the ranks of a node meet between the steps of a CUDA collective: "    \
+    "host (events, and rounds of the host threads) or device (flags written "  \
+    "and awaited by kernels on the stream: the host only enqueues, and a "     \
+    "collective can be captured in a CUDA graph).")                            \
+  X(cuda_batch_copies, "SMDDP_CUDA_BATCH_COPIES", false, bool, "0", "",                \
+    "Copy to or from every node peer at once, in one batch the copy engines "   \
+    "may run side by side (cudaMemcpyBatchAsync), instead of one copy after "  \
+    "another.")                                                               \
   X(debug_dump, "SMDDP_DEBUG_DUMP", false, string, "", "",                            \
     "Path prefix of a dump of each rank's last collectives (op, size, sequence " \
     "number, state, times), written to <prefix>.<group>.<rank>.json when a "     \
@@ -168,6 +177,8 @@ struct Config {
   int cuda_reduce_blocks = 0;
   std::string cuda_inter_node;
   bool cuda_ipc = true;
+  std::string cuda_sync;
+  bool cuda_batch_copies = false;
   std::string debug_dump;
 
   // Not knobs: how many ranks of the job run on this host and the fewest

@@ -10,10 +10,11 @@
 // to every source (Sources::kInputs), AVG's division is the
 // final step (Result::kFinal).
 //
-// The kernel reads 16 bytes per load with several loads in flight per
-// thread when every pointer is 16-byte aligned, else one element at a time.
-// It uses at most `max_blocks` blocks, so that a collective leaves most of
-// the GPU to the computation it overlaps with.
+// The kernel reads 16 bytes per load, every source's loads in flight
+// together, from where every buffer is 16-byte aligned (a scalar head and
+// tail around them, algorithm/device_plan.h; buffers misaligned unalike go
+// one element at a time). It uses at most `max_blocks` blocks, so that a
+// collective leaves most of the GPU to the computation it overlaps with.
 #pragma once
 
 #include <cuda_runtime.h>
@@ -39,6 +40,24 @@ void launchReduce(
     void* dst,
     const void* const* srcs,
     int nsrc,
+    size_t count,
+    Sources sources,
+    Result result,
+    int max_blocks,
+    cudaStream_t stream);
+
+// Reduces `nseg` segments of `count` elements in one launch: segment s
+// writes dst + s * dst_stride bytes and reads srcs[k] + src_offsets[s] bytes
+// of every source (the rails' ReduceScatter: every rail member's block of a
+// chunk). As launchReduce otherwise.
+void launchReduceSegments(
+    const ReduceSpec& spec,
+    void* dst,
+    size_t dst_stride,
+    const void* const* srcs,
+    int nsrc,
+    const size_t* src_offsets,
+    int nseg,
     size_t count,
     Sources sources,
     Result result,

@@ -213,6 +213,13 @@ DevicePath::Call CudaPath::prepare(
         SMDDP_THROW(kInternal, "no CUDA path for ", collectiveName(kind));
     }
     end->record(comm);
+    // Being captured into a CUDA graph: nothing runs now, so there is
+    // nothing to watch (and an event of a capture cannot be queried).
+    cudaStreamCaptureStatus capture = cudaStreamCaptureStatusNone;
+    cudaStreamIsCapturing(comm.stream(), &capture);
+    if (capture != cudaStreamCaptureStatusNone) {
+      return;
+    }
     Watchdog::Item item;
     item.label = str(collectiveName(kind), " #", seq, " on cuda:", device);
     item.deadline = deadline;
