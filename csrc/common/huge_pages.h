@@ -1,13 +1,13 @@
 // Transparent huge pages for the user's large host buffers.
 //
 // Under virtualization a TLB miss costs a two-level page walk, and a copy
-// between two 4 KiB-mapped buffers spends much of its time there: on the
-// 2-vCPU VM this project is benchmarked on, one 128 MiB memcpy runs at about
-// 5 GB/s on 4 KiB pages and 6.5-9 GB/s on 2 MiB ones, and a cross-memory
-// read (process_vm_readv, which also pins every source page) at 3 GB/s
-// against 6. The collectives cannot choose where torch puts a tensor, but
-// they can ask the kernel to back the 2 MiB-aligned interior of a large
-// buffer with huge pages before they copy it:
+// between two 4 KiB-mapped buffers spends much of its time there; a
+// cross-memory read (process_vm_readv, which also pins every source page)
+// more so. The rule: a large copy is faster on 2 MiB pages, by what
+// docs/design.md ("Where the time goes, as design rules", rule 9) measures.
+// The collectives cannot choose where torch puts a tensor, but they can ask
+// the kernel to back the 2 MiB-aligned interior of a large buffer with huge
+// pages before they copy it:
 //
 //  advise    madvise(MADV_HUGEPAGE): pages not yet touched (a freshly
 //            allocated output) fault in as huge pages. Cheap; does nothing
