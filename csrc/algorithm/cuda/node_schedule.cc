@@ -12,7 +12,6 @@
 
 #include "algorithm/cuda/device_reduce.h"
 #include "algorithm/cuda/schedules.h"
-#include "algorithm/device_plan.h"
 #include "algorithm/ring.h"
 
 namespace smddp::algorithm::cuda {
@@ -81,48 +80,10 @@ class NodeSchedule : public Schedule {
 
   void allReduce(const OpArgs& args, cudaStream_t s) override {
     const int L = ctx_.topo.localSize();
-    const int me = ctx_.topo.myLocalRank();
-    const size_t es = args.elemSize();
-    const size_t half = ctx_.ipc->stagingBytes() / 2 / 16 * 16;
-    const size_t ce = std::max<size_t>(1, half / es);
-    const auto* in = static_cast<const uint8_t*>(args.in);
-    auto* out = static_cast<uint8_t*>(args.out);
-    std::vector<const void*> srcs(static_cast<size_t>(L));
-    openDeviceCall(ctx_, args);
-    const size_t chunks = chunkCount(args.count, ce);
-    for (size_t c = 0; c < chunks; ++c) {
-      const size_t off = c * ce;
-      const size_t n = chunkLen(args.count, ce, c);
-      // Slices start 16-byte aligned, so that the kernel reads vectors.
-      const AlignedSlices slices{n, static_cast<size_t>(L), std::max<size_t>(1, 16 / es)};
-      const size_t b0 = slices.begin(static_cast<size_t>(me));
-      // Reduce my slice of the chunk from every stage into my result half.
-      exchange(
-          ctx_, args, s, c == 0, [&] { copyAsync(ctx_.ipc->staging(me), in + off * es, n * es, s); },
-          [&] {
-            for (int l = 0; l < L; ++l) {
-              srcs[static_cast<size_t>(l)] = ctx_.ipc->staging(l) + b0 * es;
-            }
-            launchReduce(args.reduce, ctx_.ipc->staging(me) + half + b0 * es, srcs.data(), L,
-                         slices.size(static_cast<size_t>(me)), Sources::kInputs, Result::kFinal,
-                         ctx_.config.cuda_reduce_blocks, s);
-          });
-      // Gather every rank's reduced slice.
-      exchange(
-          ctx_, args, s, false, [] {},
-          [&] {
-            std::vector<void*> dsts;
-            std::vector<const void*> srcs;
-            std::vector<size_t> sizes;
-            for (int l = 0; l < L; ++l) {
-              const size_t bl = slices.begin(static_cast<size_t>(l));
-              dsts.push_back(out + (off + bl) * es);
-              srcs.push_back(ctx_.ipc->staging(l) + half + bl * es);
-              sizes.push_back(slices.size(static_cast<size_t>(l)) * es);
-            }
-            copyBatch(ctx_, dsts, srcs, sizes, s);
-          });
-    }
+    slicedAllReduce(ctx_, args, s, [&](const void* const* srcs, uint8_t* result, size_t count) {
+      launchReduce(args.reduce, result, srcs, L, count, Sources::kInputs, Result::kFinal,
+                   ctx_.config.cuda_reduce_blocks, s);
+    });
   }
 
   void broadcast(const OpArgs& args, cudaStream_t s) override {

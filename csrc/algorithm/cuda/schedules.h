@@ -102,6 +102,18 @@ void exchange(
     const std::function<void()>& fill,
     const std::function<void()>& consume);
 
+// AllReduce through the staging buffers, chunk by chunk: each rank reduces
+// its slice of the chunk (16-byte aligned, so that the kernel reads vectors)
+// from every peer's stage into the result half of its own staging buffer,
+// with `reduceSlice(srcs, result, count)` (the node's kernel; for the rails
+// the kernel, the rail's AllReduce and AVG's division), then every rank
+// gathers every peer's result slice.
+void slicedAllReduce(
+    DeviceContext& ctx,
+    const OpArgs& args,
+    cudaStream_t s,
+    const std::function<void(const void* const* srcs, uint8_t* result, size_t count)>& reduceSlice);
+
 // Broadcast from local rank args.root through the staging buffers.
 void nodeBroadcast(DeviceContext& ctx, const OpArgs& args, cudaStream_t s);
 

@@ -1,6 +1,7 @@
 #include <algorithm>
 
 #include "algorithm/cuda/schedules.h"
+#include "algorithm/device_plan.h"
 #include "algorithm/protocol.h"
 #include "common/error.h"
 
@@ -85,6 +86,18 @@ SyncStep syncStep(const DeviceContext& ctx) {
   return st;
 }
 
+// A step that waits for `flag(l)` of every node peer l.
+template <typename Flag>
+SyncStep awaiting(const DeviceContext& ctx, Flag flag) {
+  SyncStep st = syncStep(ctx);
+  for (int l = 0; l < ctx.topo.localSize(); ++l) {
+    if (l != ctx.topo.myLocalRank()) {
+      st.wait[st.nwait++] = flag(l);
+    }
+  }
+  return st;
+}
+
 void exchangeOnDevice(
     DeviceContext& ctx,
     const OpArgs& args,
@@ -92,7 +105,6 @@ void exchangeOnDevice(
     bool first,
     const std::function<void()>& fill,
     const std::function<void()>& consume) {
-  const int L = ctx.topo.localSize();
   const int me = ctx.topo.myLocalRank();
   if (first) {
     // The host checks once per call that every rank makes the same call.
@@ -100,22 +112,11 @@ void exchangeOnDevice(
     protocol::verifyCall(*ctx.arena, args);
   }
   // The peers have read this stage (their done >= the exchanges so far).
-  SyncStep read = syncStep(ctx);
-  for (int l = 0; l < L; ++l) {
-    if (l != me) {
-      read.wait[read.nwait++] = ctx.ipc->doneFlag(l);
-    }
-  }
-  launchSyncStep(read, s);
+  launchSyncStep(awaiting(ctx, [&](int l) { return ctx.ipc->doneFlag(l); }), s);
   fill();
-  SyncStep ready = syncStep(ctx);
+  SyncStep ready = awaiting(ctx, [&](int l) { return ctx.ipc->readyFlag(l); });
   ready.bump = true;
   ready.post = ctx.ipc->readyFlag(me);
-  for (int l = 0; l < L; ++l) {
-    if (l != me) {
-      ready.wait[ready.nwait++] = ctx.ipc->readyFlag(l);
-    }
-  }
   launchSyncStep(ready, s);
   consume();
   SyncStep done = syncStep(ctx);
@@ -158,6 +159,51 @@ void exchange(
   consume();
   cudaCheck(cudaEventRecord(ctx.ipc->done(me), s), "cudaEventRecord");
   ctx.node->round(args.deadline);
+}
+
+void slicedAllReduce(
+    DeviceContext& ctx,
+    const OpArgs& args,
+    cudaStream_t s,
+    const std::function<void(const void* const* srcs, uint8_t* result, size_t count)>& reduceSlice) {
+  const int L = ctx.topo.localSize();
+  const int me = ctx.topo.myLocalRank();
+  const size_t es = args.elemSize();
+  const size_t half = ctx.ipc->stagingBytes() / 2 / 16 * 16;
+  const size_t ce = std::max<size_t>(1, half / es);
+  const auto* in = static_cast<const uint8_t*>(args.in);
+  auto* out = static_cast<uint8_t*>(args.out);
+  std::vector<const void*> srcs(static_cast<size_t>(L));
+  openDeviceCall(ctx, args);
+  const size_t chunks = chunkCount(args.count, ce);
+  for (size_t c = 0; c < chunks; ++c) {
+    const size_t off = c * ce;
+    const size_t n = chunkLen(args.count, ce, c);
+    const AlignedSlices slices{n, static_cast<size_t>(L), std::max<size_t>(1, 16 / es)};
+    const size_t b0 = slices.begin(static_cast<size_t>(me));
+    exchange(
+        ctx, args, s, c == 0, [&] { copyAsync(ctx.ipc->staging(me), in + off * es, n * es, s); },
+        [&] {
+          for (int l = 0; l < L; ++l) {
+            srcs[static_cast<size_t>(l)] = ctx.ipc->staging(l) + b0 * es;
+          }
+          reduceSlice(srcs.data(), ctx.ipc->staging(me) + half + b0 * es, slices.size(static_cast<size_t>(me)));
+        });
+    exchange(
+        ctx, args, s, false, [] {},
+        [&] {
+          std::vector<void*> dsts;
+          std::vector<const void*> from;
+          std::vector<size_t> sizes;
+          for (int l = 0; l < L; ++l) {
+            const size_t bl = slices.begin(static_cast<size_t>(l));
+            dsts.push_back(out + (off + bl) * es);
+            from.push_back(ctx.ipc->staging(l) + half + bl * es);
+            sizes.push_back(slices.size(static_cast<size_t>(l)) * es);
+          }
+          copyBatch(ctx, dsts, from, sizes, s);
+        });
+  }
 }
 
 void nodeBroadcast(DeviceContext& ctx, const OpArgs& args, cudaStream_t s) {
