@@ -20,7 +20,7 @@ import os
 import re
 import sys
 
-from smddp.bench import record, views
+from smddp.bench import links, record, views
 
 MARKER = re.compile(
     r"(<!-- smddp-bench:table (?P<path>\S+) -->\n)(?P<body>.*?)(<!-- /smddp-bench:table -->)",
@@ -35,7 +35,7 @@ def render(text: str, base: str) -> str:
     def one(m: re.Match) -> str:
         path = os.path.join(base, m["path"])
         rec = record.read(path)
-        view = views.MARKDOWN.get(rec["kind"])
+        view = links.markdown_view(rec) or views.MARKDOWN.get(rec["kind"])
         if view is None:
             raise ValueError(f"{path}: no table for records of kind {rec['kind']!r}")
         return m.group(1) + view(rec) + "\n" + m.group(4)

@@ -197,8 +197,8 @@ class Sweep:
     """One rank's part of a sweep; rank 0 also prints and keeps the records."""
 
     def __init__(self, s: SweepSettings, comm: TorchComm, groups: dict[str, Any],
-                 device: torch.device, topology: Topology):  # fmt: skip
-        self.s, self.comm, self.groups = s, comm, groups
+                 device: torch.device, topology: Topology, view: Any = views):  # fmt: skip
+        self.s, self.comm, self.groups, self.view = s, comm, groups, view
         self.rank, self.world = comm.rank, comm.world
         self.device, self.topology = device, topology
         self.sync = torch.cuda.synchronize if device.type == "cuda" else None
@@ -244,8 +244,9 @@ class Sweep:
             for op in s.ops:
                 for dtype in s.dtypes:
                     redop = s.redop if _ops.OPS[op].reduces else "none"
-                    self.print(views.sweep_header(op, dtype, redop, s.backends, self.topology.label(),
-                                                  self.device.type, s.inplace))  # fmt: skip
+                    self.print(self.view.sweep_header(op, dtype, redop, s.backends,
+                                                      self.topology.label(), self.device.type,
+                                                      s.inplace))  # fmt: skip
                     skip: dict[str, str] = {}
                     table: list[dict[str, Any]] = []
                     for nbytes in s.sizes:
@@ -258,14 +259,14 @@ class Sweep:
                         recs = self.measure(op, dtype, nbytes, skip)
                         if recs:
                             table += recs
-                            self.print(views.sweep_row(recs, s.backends))
+                            self.print(self.view.sweep_row(recs, s.backends))
                         elif recs is None:
                             self.print(f"# {nbytes} B: less than one {dtype} element per rank, "
                                        "skipped")  # fmt: skip
                         done += 1
                         if bar is not None:
                             bar.update(1)
-                    self.print(views.sweep_footer(table, s.backends))
+                    self.print(self.view.sweep_footer(table, s.backends))
                     results += table
         finally:
             if bar is not None:
@@ -334,7 +335,12 @@ def run_rank(settings: SweepSettings, rank: int, world: int, init_method: str,
         comm = TorchComm(dist.group.WORLD)
         groups = {b: new_group(b, timeout) for b in s.backends}
         topo = detect_topology(world, comm.ctrl)
-        sweep = Sweep(s, comm, groups, device, topo)
+        view: Any = views
+        if s.launcher == "smddp-cluster":  # each rank's NIC; the links' limit in the tables
+            from smddp.bench import cluster_run
+
+            view = cluster_run.on_cluster(s, groups, comm)
+        sweep = Sweep(s, comm, groups, device, topo, view)
         results = sweep.run()
         status = 0
         if rank == 0:
