@@ -19,7 +19,7 @@ from typing import Any, Sequence
 import numpy as np
 
 from smddp.bench import ops as _ops
-from smddp.bench import record, views
+from smddp.bench import cluster_run, record, views
 from smddp.bench.units import HelpFormatter, choose, format_size, parse_size, parse_size_list
 from smddp.bench.units import size_range
 
@@ -184,7 +184,9 @@ def build_parser(prog: str = "smddp-bench model") -> argparse.ArgumentParser:
         "with measurements.",
         formatter_class=HelpFormatter,
     )
-    p.add_argument("--preset", choices=sorted(PRESETS), default="p4d", help="machine")
+    p.add_argument("--preset", choices=[*sorted(PRESETS), "cluster"], default="p4d",
+                   help="machine; cluster: the cluster of namespaces smddp-cluster makes, "
+                   "calibrated and measured on it (smddp.bench.cluster_model)")
     p.add_argument("--nodes", default="16,128", help="comma list of node counts")
     p.add_argument("--sizes", help="comma list of sizes (nccl-tests definition) [64M,256M]")
     p.add_argument("-b", "--minbytes", help="smallest size, instead of --sizes")
@@ -218,6 +220,7 @@ def build_parser(prog: str = "smddp-bench model") -> argparse.ArgumentParser:
                    help="timed calls per size for --calibrate")
     g.add_argument("--timeout", type=float, default=900.0, help="seconds --calibrate may take")
     p.add_argument("--json", help="write the estimates (or the calibration) to this file")
+    cluster_run.add_arguments(p, nics=False)
     return p
 
 
@@ -266,7 +269,7 @@ def main(argv: list[str], prog: str = "smddp-bench model", calibrate: bool = Fal
     ns = parser.parse_args(argv)
     ns.calibrate = ns.calibrate or calibrate
     try:
-        m = machine_from_args(ns)
+        m = machine_from_args(ns) if ns.preset != "cluster" else None
         nodes = [int(x) for x in ns.nodes.split(",") if x.strip()]
         if not nodes or min(nodes) < 1:
             raise ValueError(f"--nodes: need node counts of at least 1, got {ns.nodes!r}")
@@ -280,6 +283,10 @@ def main(argv: list[str], prog: str = "smddp-bench model", calibrate: bool = Fal
         op_names = choose(ns.op, MODEL_OPS, "op for the model")
     except ValueError as e:
         parser.error(str(e))
+    if ns.preset == "cluster":
+        from smddp.bench import cluster_model
+
+        return cluster_model.main(ns, parser, argv, sizes, op_names)
     if ns.calibrate:
         from smddp.bench import calibrate
 
