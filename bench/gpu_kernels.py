@@ -19,6 +19,7 @@ import os
 import statistics
 import sys
 from types import SimpleNamespace
+from typing import Any
 
 if __package__ in (None, ""):  # run as a script: the repository's root is one folder up
     sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
@@ -33,6 +34,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--json", default=None, help="the record (kind gpu-kernels)")
     p.add_argument("--sizes", default="64M,256M,1G", help="bytes per source buffer")
     p.add_argument("--blocks", default="16,32,64,132,264", help="block counts of the kernel")
+    p.add_argument("--offsets", default="0,1",
+                   help="element offsets of every buffer: 0 aligned; 1 as an AllReduce slice of an "
+                        "odd element count per rank (a scalar head, then vectors)")
     args = p.parse_args(argv)
     import torch
 
@@ -44,6 +48,7 @@ def main(argv: list[str] | None = None) -> int:
         return 1
     kernels = smddp._cuda.load()
     sizes, blocks = parse_size_list(args.sizes), [int(b) for b in args.blocks.split(",")]
+    offsets = [int(o) for o in args.offsets.split(",")]
     how = timing.Timing(timing.BARRIER_EACH, warmup=3, block_warmup=0, iters=20, rounds=1)
 
     def clock():  # type: ignore[no-untyped-def]
@@ -57,36 +62,38 @@ def main(argv: list[str] | None = None) -> int:
 
         return stop
 
-    def gbs(case: SimpleNamespace, moved: int) -> float:
+    def gbs(run: Any, out: Any, want: Any, moved: int, what: str) -> float:
+        """Bytes moved per second by ``run``, whose output ``out`` must equal ``want``."""
+        nan = float("nan")
+        case = SimpleNamespace(run=run, restore=lambda: None, poison=lambda: out.fill_(nan),
+                               wrong=lambda: int((out != want).sum()))  # fmt: skip
         r = timing.measure({"k": case}, timing.LocalComm(), how, torch.cuda.synchronize, clock)["k"]
         if r.status != "ok" or r.wrong:
-            raise SystemExit(f"{case.what}: {r.error or f'{r.wrong} wrong elements'}")
+            raise SystemExit(f"{what}: {r.error or f'{r.wrong} wrong elements'}")
         return moved / statistics.median(r.samples) / 1e9
 
     rows = []
     for dtype in (torch.float32, torch.bfloat16):
         for nbytes in sizes:
-            n = nbytes // torch.tensor([], dtype=dtype).element_size()
-            x, y = (torch.randn(n, device="cuda").to(dtype) for _ in range(2))
-            out = torch.empty_like(x)
-            want = (x.float() + y.float()).to(dtype)
-            nan = lambda: out.fill_(float("nan"))  # noqa: E731
-            copy = SimpleNamespace(run=lambda: out.copy_(x), restore=lambda: None, poison=nan,
-                                   wrong=lambda: int((out != x).sum()), what="copy")
-            copy_bw = gbs(copy, 2 * nbytes)
-            for nb in blocks:
-                red = SimpleNamespace(
-                    run=lambda nb=nb: kernels.device_reduce([x, y], "SUM", nb, out=out),
-                    restore=lambda: None, poison=nan, wrong=lambda: int((out != want).sum()),
-                    what=f"device_reduce with {nb} blocks")  # fmt: skip
-                red_bw = gbs(red, 3 * nbytes)
-                rows.append({"dtype": str(dtype).split(".")[-1], "bytes": nbytes,
-                             "copy_gbps": copy_bw, "blocks": nb, "reduce_gbps": red_bw,
-                             "ratio": red_bw / copy_bw})  # fmt: skip
-            del x, y, out, want
-            torch.cuda.empty_cache()
+            for off in offsets:
+                n = nbytes // torch.tensor([], dtype=dtype).element_size()
+                xs, ys = (torch.randn(n + off, device="cuda").to(dtype) for _ in range(2))
+                outs = torch.empty_like(xs)
+                x, y, out = xs[off:], ys[off:], outs[off:]
+                want = (x.float() + y.float()).to(dtype)
+                moved = x.numel() * x.element_size()
+                copy_bw = gbs(lambda: out.copy_(x), out, x, 2 * moved, "copy")
+                for nb in blocks:
+                    red_bw = gbs(lambda nb=nb: kernels.device_reduce([x, y], "SUM", nb, out=out), out,
+                                 want, 3 * moved, f"device_reduce with {nb} blocks, offset {off}")  # fmt: skip
+                    rows.append({"dtype": str(dtype).split(".")[-1], "bytes": nbytes, "offset": off,
+                                 "copy_gbps": copy_bw, "blocks": nb, "reduce_gbps": red_bw,
+                                 "ratio": red_bw / copy_bw})  # fmt: skip
+                del xs, ys, outs, want
+                torch.cuda.empty_cache()
     device = torch.cuda.get_device_name(0)
-    cols = [table.Column("dtype"), table.Column("bytes"), table.Column("copy", "(GB/s)", "{:.1f}"),
+    cols = [table.Column("dtype"), table.Column("bytes"), table.Column("offset"),
+            table.Column("copy", "(GB/s)", "{:.1f}"),
             table.Column("blocks"), table.Column("reduce", "(GB/s)", "{:.1f}"),
             table.Column("ratio", fmt="{:.2f}")]  # fmt: skip
     print(f"# {device}; GB/s = bytes read + written per second / 1e9\n# {how.describe()}")

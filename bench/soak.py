@@ -15,7 +15,6 @@ tests/test_soak.py runs a short one.
 from __future__ import annotations
 
 import argparse
-import datetime
 import os
 import random
 import sys
@@ -100,19 +99,14 @@ def run_soak(num_ops: int, seed: int = 0) -> SoakResult:
 
 def _rank(num_ops: int, seed: int, rank: int, world: int, init_method: str, local_rank: int,
           conn: Any) -> int:  # pragma: no cover - child  # fmt: skip
-    import torch.distributed as dist
+    from smddp.bench.sweep import process_group
 
-    import smddp  # noqa: F401
-
-    dist.init_process_group("smddp", init_method=init_method, rank=rank, world_size=world,
-                            timeout=datetime.timedelta(seconds=120))  # fmt: skip
-    try:
-        conn.send(("ok", vars(run_soak(num_ops, seed))))  # plain: the parent lacks this module
-    except BaseException:
-        conn.send(("error", traceback.format_exc()))
-        return 1
-    finally:
-        dist.destroy_process_group()
+    with process_group(rank, world, init_method, 120, backend="smddp"):
+        try:
+            conn.send(("ok", vars(run_soak(num_ops, seed))))  # plain: the parent lacks this module
+        except BaseException:
+            conn.send(("error", traceback.format_exc()))
+            return 1
     return 0
 
 

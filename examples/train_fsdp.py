@@ -44,7 +44,7 @@ from torch.distributed.tensor import DTensor
 import smddp  # noqa: F401  (registers backend="smddp")
 
 # The model and its wrapping, shared with `smddp-bench step`.
-from smddp.bench.gpt import (
+from smddp._gpt import (
     DTYPES,
     FSDP1_SHARDING,
     GPT,

@@ -81,7 +81,7 @@ def test_defaults_without_gpu(monkeypatch):
     assert s.ops == ("all_gather", "reduce_scatter", "all_reduce")
     assert s.backends == ("smddp", "gloo") and s.device == "cpu"
     assert s.sizes == tuple(4 * K * 4**i for i in range(8))  # 4K .. 64M
-    assert s.json_path.endswith("bench.json") and s.plot_path.endswith("bench.png")
+    assert s.json.endswith("bench.json") and s.plot.endswith("bench.png")
     assert s.timing.iters is None and s.timing.time_per_point > 0
     assert s.timing.policy == "back-to-back"
 
@@ -103,7 +103,7 @@ def test_ranges_lists_and_choices(monkeypatch):
     assert s.timing.block_warmup == 3
     assert _parse(["--block-warmup", "0"], monkeypatch)[0].timing.block_warmup == 0
     assert _parse(["--timing", "barrier-each"], monkeypatch)[0].timing.policy == "barrier-each"
-    assert s.json_path is None and s.plot_path is None
+    assert s.json is None and s.plot is None
     s, _, _ = _parse(["--op", "allgather,rs", "--time-per-point", "0.5"], monkeypatch)
     assert s.ops == ("all_gather", "reduce_scatter") and s.timing.time_per_point == 0.5
 
@@ -124,7 +124,10 @@ def test_ranges_lists_and_choices(monkeypatch):
         (["--nproc", "4", "--nodes", "3"], "does not divide"),
         (["--redop", "xor"], "invalid choice"),
         (["--root", "9"], "not a rank"),
-        (["--block-warmup", "-1"], "--block-warmup is too small"),
+        (["--block-warmup", "-1"], "argument --block-warmup: must be at least 0, got -1"),
+        (["--nproc", "0"], "argument --nproc: must be at least 1"),
+        (["--time-per-point", "0"], "argument --time-per-point: must be positive"),
+        (["--min-iters", "9", "--max-iters", "3"], "--min-iters is above --max-iters"),
         (["--timing", "sometimes"], "invalid choice"),
     ],
 )
@@ -417,5 +420,7 @@ def test_progress_bar_and_plot_are_optional(tmp_path, monkeypatch, capsys):
     s.print("# a table line")
     assert capsys.readouterr().out == "# a table line\n"
     png = tmp_path / "bench.png"
-    assert plot.busbw([("AllGather", {"smddp": [(4096, 1.0)]})], str(png), "title") is False
+    rec = {"status": "ok", "backend": "smddp", "op": "all_gather", "size_bytes": 4096,
+           "busbw_gbs": 1.0}
+    assert plot.busbw([rec], ("op",), str, str(png), "title") is False
     assert not png.exists()

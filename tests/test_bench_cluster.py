@@ -11,7 +11,7 @@ import json
 
 import pytest
 
-from smddp.bench import cli, cluster_model, cluster_run, links, render, step
+from smddp.bench import cli, cluster_model, cluster_run, links, render, step, views
 from smddp.bench import model as _model
 
 M = 1 << 20
@@ -90,7 +90,7 @@ def test_a_cluster_records_markdown_names_the_cluster_the_nics_and_the_limit():
     assert links.markdown_view(rec) is links.sweep_markdown
     # Records of one host keep the sweep's own table.
     assert links.markdown_view({**rec, "topology": {"launcher": "spawn"}}) is None
-    md = links.sweep_markdown(rec)
+    md = views.markdown(rec, links.markdown_view(rec))
     assert "| limit (µs) |" in md.splitlines()[0].replace("| op | type | size ", "| ")
     assert "95%" in md and "33%" in md
     assert "2 hosts x 2 ranks, 2 NICs per host at 1gbit" in md

@@ -308,3 +308,62 @@ def test_cuda_stalled_collective_fails_within_the_timeout(tmp_path):
         assert f"rank {rank}" in msg, (rank, msg)
         assert "unusable" in r["next"], (rank, r["next"])
         assert any(p.endswith(f".{rank}.json") for p in r["dumps"]), (rank, r["dumps"])
+
+
+@pytest.mark.timeout(150)
+def test_cuda_batched_copies(pools):
+    """SMDDP_CUDA_BATCH_COPIES=1 (one cudaMemcpyBatchAsync to or from every
+    peer) against the same reference as the copies one after another."""
+    if not torch.cuda.is_available():
+        pytest.skip("no GPU")
+    per_gpu = max(1, 4 // torch.cuda.device_count())
+    pool = pools(4, SMDDP_CUDA_RANKS_PER_GPU=str(per_gpu), SMDDP_CUDA_STAGING_BYTES="1M",
+                 SMDDP_CUDA_BATCH_COPIES="1")
+    for failures in pool.run(case_collectives, [0, 7, 4099, (1 << 20) + 3], timeout=120):
+        assert failures == []
+
+
+def case_graph_capture() -> list[str]:
+    """A native AllReduce captured in a CUDA graph and replayed: the ranks
+    meet through device flags, so each replay synchronizes them anew."""
+    rank, world = dist.get_rank(), dist.get_world_size()
+    dev = _device()
+    x = torch.zeros(1024, device=dev)  # 4 KiB
+    dist.all_reduce(x)  # the communicator is made outside the capture
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph, capture_error_mode="thread_local"):
+        dist.all_reduce(x)
+    failures = []
+    for i in range(4):
+        x.fill_(float(rank + 10 * i))
+        graph.replay()
+        torch.cuda.synchronize()
+        want = float(sum(r + 10 * i for r in range(world)))
+        if not torch.all(x == want):
+            failures.append(f"replay {i}: {x[:2].tolist()}, expected {want}")
+    return failures
+
+
+@pytest.mark.timeout(200)
+def test_cuda_device_sync(pools):
+    """SMDDP_CUDA_SYNC=device: the node's ranks meet through flags on the
+    GPU; the same references and stream semantics as host synchronization."""
+    if not torch.cuda.is_available():
+        pytest.skip("no GPU")
+    per_gpu = max(1, 2 // torch.cuda.device_count())
+    pool = pools(2, SMDDP_CUDA_RANKS_PER_GPU=str(per_gpu), SMDDP_CUDA_STAGING_BYTES="1M", SMDDP_CUDA_SYNC="device")
+    for failures in pool.run(case_collectives, [0, 7, 4099, (1 << 20) + 3], timeout=150):
+        assert failures == []
+    for failures in pool.run(case_streams_overlap_and_lifetime, timeout=120):
+        assert failures == []
+
+
+@pytest.mark.timeout(150)
+def test_cuda_graph_capture(pools):
+    if not torch.cuda.is_available():
+        pytest.skip("no GPU")
+    per_gpu = max(1, 2 // torch.cuda.device_count())
+    pool = pools(2, SMDDP_CUDA_RANKS_PER_GPU=str(per_gpu), SMDDP_CUDA_SYNC="device")
+    for failures in pool.run(case_graph_capture, timeout=120):
+        assert failures == []

@@ -255,7 +255,7 @@ def test_the_whole_check_without_a_gpu(tmp_path):
             assert by_name[step.name]["reason"] == "no GPU"
     assert p.returncode == 0, p.stdout[-3000:] + p.stderr[-3000:]
     lines = p.stdout.strip().splitlines()
-    assert "bench-collectives" in lines[-1]
+    assert gpu_check.STEPS[-1].name in lines[-1], "the summary does not end with the last step"
     with tarfile.open(out / "logs.tar.gz") as tar:
         names = tar.getnames()
     assert {"logs/env.log", "logs/env.json", "logs/import.log", "logs/import.json", "logs/gpu_check.log"} <= set(names)
@@ -376,3 +376,28 @@ def test_smoke_script_survives_a_hung_op(tmp_path):
     assert len(rep["pairs"]) == 2
     assert p.returncode == 1
     assert "most recent call first" in p.stderr and "_rank" in p.stderr
+
+
+def test_the_bench_summaries_read_the_records_the_benches_write(tmp_path):
+    """The one-line results of bench-collectives and bench-kernels come from
+    the records' points, as smddp.bench.record writes them: a change of the
+    record's layout fails here, not on the device."""
+    from smddp.bench import record, timing
+
+    points = [record.point("smddp", op, "float32", "sum", 2, size, timing.Result(samples=[1e-3, 2e-3], iters=2))
+              for op in ("all_gather", "all_reduce") for size in (1 << 20, 16 << 20)]
+    points.append(record.point("smddp", "reduce_scatter", "float32", "sum", 2, 1 << 20, status="timeout"))
+    points[1]["wrong"] = 3
+    rec = record.new("sweep", ["smddp-bench"], {}, results=points)
+    record.write(rec, str(tmp_path / "c.json"))
+    line = gpu_check._collectives_reason(str(tmp_path / "c.json"))
+    assert line is not None
+    assert "all_gather 16 MiB busbw" in line and "WRONG" in line.split(";")[0], line
+    assert "all_reduce 16 MiB busbw" in line and "reduce_scatter 1 MiB timeout" in line, line
+    rows = [{"dtype": "float32", "bytes": b, "offset": off, "copy_gbps": 3000.0, "blocks": 32,
+             "reduce_gbps": 3000.0 * ratio, "ratio": ratio}
+            for b, off, ratio in ((1 << 26, 0, 0.5), (1 << 28, 0, 0.8), (1 << 28, 1, 0.9))]  # fmt: skip
+    record.write(record.new("gpu-kernels", ["gpu_kernels.py"], {}, results=rows), str(tmp_path / "k.json"))
+    assert gpu_check._kernel_bench_reason(str(tmp_path / "k.json")) == (
+        "float32 256 MiB: 80 % of copy (2400 against 3000 GB/s, 32 blocks)")
+    assert gpu_check._collectives_reason(str(tmp_path / "missing.json")) is None

@@ -5,6 +5,7 @@ one real job of smddp and gloo."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import sys
@@ -147,7 +148,7 @@ def test_run_points_progress_and_give_up(tmp_path):
     spec = {
         "impl": "gloo",
         "world": 1,
-        "timing": record.plain(how),
+        "timing": dataclasses.asdict(how),
         "progress": str(progress),
         "points": [
             # Sizes a factor 2 apart: the linear guess from a fast first point
@@ -331,7 +332,7 @@ def test_record_is_strict_json_renders_and_plots(tmp_path):
     assert back["schema"] == record.SCHEMA and back["kind"] == "peers"
     assert len(back["results"]) == 12 and back["settings"]["ranks"] == [2, 4, 8]
     assert back["versions"]["mpich"] == "x" and back["timing"]["policy"] == "barrier-each"
-    md = views.peers_markdown(back)
+    md = views.markdown(back)
     assert "| AllGather | float32 | 1M | 2 | 6.000 | 1.000 | 5.000* | 8.000 | n/a | 0.75 | openmpi |" in md
     assert "`python -m bench.peers --out" in md
     png = tmp_path / "peers.png"

@@ -33,6 +33,7 @@ left of the deadline once the later steps' minimums are set aside:
                   kernel step left without a verdict) in its own pytest
     bench-kernels      bench/gpu_kernels.py --json $OUT/kernels.json
     bench-collectives  bench/gpu_collectives.py --nproc 2 --json $OUT/collectives.json
+    bench-latency      bench/gpu_latency.py --nproc 2 --json $OUT/latency.json
 
 Every step runs in child processes whose output goes straight to the step's
 own log file (no pipe that a kill could cut). A child that outlives its cap
@@ -49,6 +50,7 @@ the steps it finished), at most 8 plain files directly in $OUT:
     logs.tar.gz        every log, the pytest JUnit files, the probes' JSON
     kernels.json       from bench/gpu_kernels.py
     collectives.json   from bench/gpu_collectives.py
+    latency.json       from bench/gpu_latency.py
 
 The summary table is also the last thing printed. The exit status is 0 when
 no step failed or timed out.
@@ -84,7 +86,7 @@ OK, FAIL, SKIPPED, TIMEOUT = "ok", "FAIL", "skipped", "timeout"
 PACK_RESERVE_S = 8.0
 # Between SIGUSR1 (stacks) and SIGKILL.
 DUMP_GRACE_S = 2.0
-OUT_FILES = ("summary.txt", "results.json", "logs.tar.gz", "kernels.json", "collectives.json")
+OUT_FILES = ("summary.txt", "results.json", "logs.tar.gz", "kernels.json", "collectives.json", "latency.json")
 # What one log may weigh in the tarball: the head and the tail are kept.
 LOG_KEEP_BYTES = 4 << 20
 TAR_LIMIT_BYTES = 15 << 20
@@ -674,33 +676,38 @@ def step_tests(check: "Check", run: StepRun):
 
 
 def _kernel_bench_reason(path: str) -> str | None:
-    """The best ratio to the device-to-device copy per dtype, at the largest size."""
+    """The best ratio to the device-to-device copy per dtype, at the largest
+    size and aligned buffers (a gpu-kernels record's results)."""
     try:
         with open(path) as f:
-            data = json.load(f)
-        rows = data["rows"] if isinstance(data, dict) else data
+            rows = json.load(f)["results"]
         best = {}
         for r in rows:
-            key = r["dtype"]
-            cur = best.get(key)
+            if r.get("offset", 0):
+                continue
+            cur = best.get(r["dtype"])
             if cur is None or (r["bytes"], r["ratio"]) > (cur["bytes"], cur["ratio"]):
-                best[key] = r
+                best[r["dtype"]] = r
         return "; ".join(f"{k} {r['bytes'] >> 20} MiB: {r['ratio'] * 100:.0f} % of copy ({r['reduce_gbps']:.0f} "
-                         f"against {r['copy_gbps']:.0f} GB/s, {r['blocks']} blocks)" for k, r in best.items())
+                         f"against {r['copy_gbps']:.0f} GB/s, {r['blocks']} blocks)" for k, r in best.items()) or None
     except (OSError, ValueError, KeyError, TypeError):
         return None
 
 
 def _collectives_reason(path: str) -> str | None:
+    """The busbw of each op at its largest size (a sweep record's points)."""
     try:
         with open(path) as f:
-            rows = json.load(f)
+            points = json.load(f)["results"]
         biggest = {}
-        for r in rows:
-            if r["op"] not in biggest or r["bytes"] > biggest[r["op"]]["bytes"]:
+        for r in points:
+            if r["op"] not in biggest or r["size_bytes"] > biggest[r["op"]]["size_bytes"]:
                 biggest[r["op"]] = r
-        return "; ".join(f"{op} {r['bytes'] >> 20} MiB busbw {r['busbw']:.0f} GB/s{'' if r['ok'] else ' WRONG'}"
-                         for op, r in biggest.items())
+        return "; ".join(
+            f"{op} {r['size_bytes'] >> 20} MiB "
+            + (f"busbw {r['busbw_gbs']:.0f} GB/s{' WRONG' if r.get('wrong') else ''}" if "busbw_gbs" in r
+               else r["status"] + (f" ({r['note']})" if r.get("note") else ""))
+            for op, r in biggest.items()) or None  # fmt: skip
     except (OSError, ValueError, KeyError, TypeError):
         return None
 
@@ -726,6 +733,16 @@ def step_bench_collectives(check: "Check", run: StepRun):
     return OK, "2 ranks sharing the GPU (not NVLink): " + (_collectives_reason(path) or _bench_line(run.output(out)))
 
 
+def step_bench_latency(check: "Check", run: StepRun):
+    path = os.path.join(check.out, "latency.json")
+    out = run.python([os.path.join("bench", "gpu_latency.py"), "--nproc", "2", "-n", "100", "--json", path])
+    if out.timed_out:
+        return TIMEOUT, out.describe()
+    if not out.ok:
+        return FAIL, f"{out.describe()}: {_bench_line(run.output(out))}"
+    return OK, "4 KiB AllReduce, 2 ranks sharing the GPU: " + _bench_line(run.output(out))
+
+
 STEPS = [
     Step("env", step_env, cap_s=45, min_s=10, doc="machine facts"),
     Step("ipc", step_ipc, cap_s=60, min_s=15, gpu=True, doc="CUDA IPC with torch alone"),
@@ -740,6 +757,8 @@ STEPS = [
          doc="bench/gpu_kernels.py"),
     Step("bench-collectives", step_bench_collectives, cap_s=90, min_s=45, gpu=True, needs=("import",),
          doc="bench/gpu_collectives.py --nproc 2"),
+    Step("bench-latency", step_bench_latency, cap_s=60, min_s=20, gpu=True, needs=("import",),
+         doc="bench/gpu_latency.py --nproc 2"),
 ]
 
 

@@ -5,6 +5,7 @@ size, watched point by point) and the outputs."""
 from __future__ import annotations
 
 import argparse
+import contextlib
 import hashlib
 import importlib.util
 import json
@@ -14,13 +15,14 @@ import subprocess
 import sys
 import sysconfig
 import time
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass
 from types import SimpleNamespace
 from typing import Any, Callable
 
 from smddp.bench import launch, plot, record, timing, views
 from smddp.bench import ops as _ops
-from smddp.bench.units import OP_ALIASES, HelpFormatter, choose, format_size, parse_size_list
+from smddp.bench.units import OP_ALIASES, HelpFormatter, arg, choose, format_size, parse_counts
+from smddp.bench.units import parse_size_list, positive
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 REQUIREMENTS = os.path.join(REPO, "bench", "peers_requirements.txt")
@@ -35,36 +37,15 @@ ALIASES = {"fp32": "float32", "float": "float32", "f32": "float32", "bf16": "bfl
            "ompi": "openmpi", "open-mpi": "openmpi", "ds": "deepspeed", **OP_ALIASES}  # fmt: skip
 
 
-@dataclass
-class Settings:
-    impls: tuple[str, ...] = IMPLS
-    ops: tuple[str, ...] = OPS
-    dtypes: tuple[str, ...] = DTYPES
-    sizes: tuple[int, ...] = (4 << 10, 64 << 10, 1 << 20, 16 << 20, 256 << 20)
-    ranks: tuple[int, ...] = (2, 4, 8)
-    # Spinning implementations with more ranks than cores can take seconds per
-    # call: a barrier before each call, and a cap on the seconds of a point.
-    timing: timing.Timing = timing.Timing(timing.BARRIER_EACH, 2, 0, None, 0.2, 5, 1000, 1, 6.0)
-    point_timeout: float = 40.0
-    start_timeout: float = 300.0
-    mpi_bf16: str = "numpy"
-    venv_dir: str = ".venv-peers"
-    setup: str = "auto"  # auto: create missing venvs; only: create them and stop; skip
-    out: str = os.path.join("bench-results", "peers")
-    json_path: str = ""  # "": out + ".json"
-    plot: bool = True
-    argv: list[str] = field(default_factory=list)
+# Spinning implementations with more ranks than cores can take seconds per
+# call: a barrier before each call, and a cap on the seconds of a point.
+TIMING = timing.Timing(timing.BARRIER_EACH, 2, 0, None, 0.2, 5, 1000, 1, 6.0)
+TIMING_OPTIONS = ("warmup", "time_per_point", "min_iters", "max_iters", "cap")
 
 
-def parse_ranks(text: str) -> tuple[int, ...]:
-    """``"2,4,8"`` -> (2, 4, 8); every world size at least 2."""
-    parts = [p.strip() for p in text.split(",") if p.strip()]
-    for part in parts:
-        if not part.isdigit() or int(part) < 2:
-            raise ValueError(f"not a number of ranks of at least 2: {part!r}")
-    if not parts:
-        raise ValueError("no rank count given")
-    return tuple(sorted({int(p) for p in parts}))
+# What the record keeps of the settings (besides its timing and command).
+SETTINGS = ("impls", "ops", "dtypes", "sizes", "ranks", "point_timeout", "start_timeout",
+            "mpi_bf16", "venv_dir", "setup", "out", "plot")  # fmt: skip
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -73,26 +54,25 @@ def build_parser() -> argparse.ArgumentParser:
         description="smddp, gloo, MPICH, Open MPI and DeepSpeed's shared-memory collectives on "
         "this host, measured alike, in one table (busbw and smddp's ratio to the best peer).",
     )  # fmt: skip
+    names = lambda allowed, what: arg(  # noqa: E731
+        lambda text: choose(text, allowed, what, ALIASES, canonical=True))
     g = p.add_argument_group("what to run")
-    g.add_argument("--impls", default=",".join(IMPLS), help="comma list, or all")
-    g.add_argument("--ops", default=",".join(OPS), help="comma list, or all")
-    g.add_argument("--dtypes", default=",".join(DTYPES), help="comma list, or all")
-    g.add_argument("--sizes", default="4K,64K,1M,16M,256M", help="comma list of nccl-tests sizes")
-    g.add_argument("--ranks", default="2,4,8", help="comma list of world sizes")
+    g.add_argument("--impls", type=names(IMPLS, "implementation"), default=",".join(IMPLS),
+                   help="comma list, or all")
+    g.add_argument("--ops", type=names(OPS, "op"), default=",".join(OPS), help="comma list, or all")
+    g.add_argument("--dtypes", type=names(DTYPES, "dtype"), default=",".join(DTYPES),
+                   help="comma list, or all")
+    g.add_argument("--sizes", type=arg(lambda text: tuple(sorted(set(parse_size_list(text))))),
+                   default="4K,64K,1M,16M,256M", help="comma list of nccl-tests sizes")
+    g.add_argument("--ranks", type=arg(lambda text: parse_counts(text, 2)), default="2,4,8",
+                   help="comma list of world sizes")
     g.add_argument("--mpi-bf16", choices=("numpy", "off"), default="numpy",
                    help="MPI bfloat16 reductions: a user-defined MPI_Op in numpy, or n/a")
     g = p.add_argument_group("how long")
-    g.add_argument("-w", "--warmup", type=int, default=2, help="warm-up calls per point")
-    g.add_argument("--time-per-point", type=float, default=0.2,
-                   help="seconds of timed calls per point")
-    g.add_argument("--min-iters", type=int, default=5, help="timed calls at least")
-    g.add_argument("--max-iters", type=int, default=1000, help="timed calls at most")
-    g.add_argument("--point-cap", type=float, default=6.0,
-                   help="seconds a point may take: fewer calls past it; the larger sizes of its "
-                   "table are skipped once one call exceeds it, or would exceed twice it")
-    g.add_argument("--point-timeout", type=float, default=40.0,
+    timing.add_options(g, TIMING, TIMING_OPTIONS)
+    g.add_argument("--point-timeout", type=positive, default=40.0,
                    help="seconds after which a point is taken as hung: the ranks are killed")
-    g.add_argument("--start-timeout", type=float, default=300.0,
+    g.add_argument("--start-timeout", type=positive, default=300.0,
                    help="seconds the ranks of one implementation may take to start")
     g = p.add_argument_group("environments and output")
     g.add_argument("--venv-dir", default=".venv-peers", help="where the peer venvs live")
@@ -100,39 +80,28 @@ def build_parser() -> argparse.ArgumentParser:
     how.add_argument("--setup-only", action="store_true", help="create the peer venvs and stop")
     how.add_argument("--no-setup", action="store_true",
                      help="use the peer venvs as they are; never pip")
-    g.add_argument("--out", default=Settings.out, help="prefix of the .txt, .json, .png files")
+    g.add_argument("--out", default=os.path.join("bench-results", "peers"),
+                   help="prefix of the .txt, .json, .png files")
     g.add_argument("--json", help="the record here instead of OUT.json")
     g.add_argument("--no-plot", action="store_true", help="no PNG")
     return p
 
 
-def parse_args(argv: list[str] | None = None) -> Settings:
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     """The settings a command line asks for (SystemExit(2) with a message if wrong)."""
     argv = list(sys.argv[1:] if argv is None else argv)
     parser = build_parser()
-    ns = parser.parse_args(argv)
-    try:
-        impls, ops, dtypes = (choose(text, allowed, what, ALIASES, canonical=True) for text,
-                              allowed, what in ((ns.impls, IMPLS, "implementation"),
-                                                (ns.ops, OPS, "op"), (ns.dtypes, DTYPES, "dtype")))
-        sizes, ranks = tuple(sorted(set(parse_size_list(ns.sizes)))), parse_ranks(ns.ranks)
-    except ValueError as e:
-        parser.error(str(e))
-    if ns.warmup < 1 or ns.min_iters < 1 or ns.max_iters < ns.min_iters:
-        parser.error("need --warmup >= 1 and 1 <= --min-iters <= --max-iters")
-    for name in ("time_per_point", "point_cap", "point_timeout", "start_timeout"):
-        if getattr(ns, name) <= 0:
-            parser.error(f"--{name.replace('_', '-')} must be positive")
-    if ns.point_timeout <= ns.point_cap:
+    s = parser.parse_args(argv)
+    s.timing = timing.from_options(s, TIMING, parser)
+    if s.timing.warmup < 1:
+        parser.error("--warmup must be at least 1: the warm-up plans the point")
+    if s.point_timeout <= s.timing.cap:
         parser.error("--point-timeout must be above --point-cap")
-    how = timing.Timing(timing.BARRIER_EACH, ns.warmup, 0, None, ns.time_per_point, ns.min_iters,
-                        ns.max_iters, 1, ns.point_cap)  # fmt: skip
-    return Settings(
-        impls=impls, ops=ops, dtypes=dtypes, sizes=sizes, ranks=ranks, timing=how,
-        point_timeout=ns.point_timeout, start_timeout=ns.start_timeout, mpi_bf16=ns.mpi_bf16,
-        venv_dir=ns.venv_dir, setup="only" if ns.setup_only else "skip" if ns.no_setup else "auto",
-        out=ns.out, json_path=ns.json or ns.out + ".json", plot=not ns.no_plot, argv=["python", "-m", "bench.peers", *argv],
-    )  # fmt: skip
+    # auto: create the missing venvs; only: create them and stop; skip: never.
+    s.setup = "only" if s.setup_only else "skip" if s.no_setup else "auto"
+    s.json_path, s.plot = s.json or s.out + ".json", not s.no_plot
+    s.argv = ["python", "-m", "bench.peers", *argv]
+    return s
 
 
 # -- the plan ---------------------------------------------------------------------------
@@ -164,7 +133,7 @@ def status_record(impl: str, world: int, p: Point, status: str, note: str) -> di
     return record.point(impl, p[0], p[1], redop, world, p[2], status=status, note=note)
 
 
-def plan(s: Settings) -> tuple[list[Job], list[dict[str, Any]]]:
+def plan(s: argparse.Namespace) -> tuple[list[Job], list[dict[str, Any]]]:
     """The jobs to launch, and the records of cells that need none (n/a)."""
     jobs: list[Job] = []
     fixed: list[dict[str, Any]] = []
@@ -232,7 +201,7 @@ def deepspeed_env(env_path: str) -> dict[str, str]:
             "TORCH_EXTENSIONS_DIR": os.path.join(env_path, "torch_extensions")}  # fmt: skip
 
 
-def ensure_env(name: str, s: Settings, say: Callable[[str], None]) -> SimpleNamespace:
+def ensure_env(name: str, s: argparse.Namespace, say: Callable[[str], None]) -> SimpleNamespace:
     """The venv of one peer (path, ok, version, error), created (or recreated)
     when missing or stale."""
     path = os.path.abspath(os.path.join(s.venv_dir, name))
@@ -332,39 +301,30 @@ def _job_env(impl: str, envs: dict[str, Any]) -> dict[str, str]:
     return env
 
 
-def _shm_names() -> set[str]:
-    try:
-        return set(os.listdir("/dev/shm"))
-    except OSError:
-        return set()
-
-
 def _clean_shm(before: set[str], port: int | None) -> None:
     """Segments the peers leave in /dev/shm when killed (DeepSpeed's also on a
     normal exit). Only names that appeared during the job go: other jobs on
     this host (smddp's tests among them) have segments of their own there."""
-    for name in _shm_names() - before:
+    for name in set(os.listdir("/dev/shm")) - before:
         if (name.startswith(("mpich", "MPICH", "sm_segment", "vader")) or port is not None and
                 name.startswith("deepspeed_allreduce_buffer_") and f"_127.0.0.1_{port}_" in name):
-            try:
+            with contextlib.suppress(OSError):
                 os.unlink(os.path.join("/dev/shm", name))
-            except OSError:
-                pass
 
 
-def run_once(job: Job, points: list[Point], envs: dict[str, Any], s: Settings, logdir: str,
-             attempt: int, on_record: Callable[[dict], None] = lambda r: None) -> SimpleNamespace:  # fmt: skip
+def run_once(job: Job, points: list[Point], envs: dict[str, Any], s: argparse.Namespace,
+             logdir: str, attempt: int, on_record: Callable[[dict], None]) -> SimpleNamespace:
     """Runs the ranks of one job on ``points`` and watches them: a point that
     outlives --point-timeout, or ranks that do not start within --start-timeout,
     are killed with everything they started. Returns records, info, and for a
     job that ended early its status (timeout, error), note and failed point."""
     tag = f"{job.impl}-n{job.world}-{attempt}"
-    progress, spec_path = os.path.join(logdir, f"{tag}.progress"), os.path.join(logdir, tag + ".json")
-    port, shm_before = launch.free_port(), _shm_names()
+    progress, spec_path = (os.path.join(logdir, tag + ext) for ext in (".progress", ".json"))
+    port, shm_before = launch.free_port(), set(os.listdir("/dev/shm"))
     with open(spec_path, "w") as f:
         json.dump({"impl": job.impl, "world": job.world, "progress": progress,
                    "points": [{"op": o, "dtype": d, "bytes": n} for o, d, n in points],
-                   "timing": record.plain(s.timing), "pg_timeout": s.point_timeout + 60}, f)
+                   "timing": asdict(s.timing), "pg_timeout": s.point_timeout + 60}, f)
     out = SimpleNamespace(records=[], info={}, status="", note="", failed=None)
     per_rank = job.impl not in MPI_IMPLS
     with launch.Ranks(job.impl) as ranks:
@@ -400,22 +360,23 @@ def run_once(job: Job, points: list[Point], envs: dict[str, Any], s: Settings, l
                 time.sleep(1.0)  # the others wait on it in a collective; let them say so
                 label, code = bad[0]
                 why = f"signal {-code}" if code < 0 else f"exit status {code}"
-                out.status, out.note = "error", f"{label}: {why}: {_tail(os.path.join(logdir, label), 3)}"
+                out.status = "error"
+                out.note = f"{label}: {why}: {_tail(os.path.join(logdir, label), 3)}"
                 break
             if None not in codes:
                 out.status, out.note = "error", "the ranks exited before the end of the job"
                 break
             if time.monotonic() > deadline:
-                out.status, out.note = (("timeout", f"killed after {s.point_timeout:g} s (--point-timeout)")
-                                        if started else ("error", "the ranks did not start within "
-                                                         f"{s.start_timeout:g} s"))  # fmt: skip
+                out.status, out.note = (
+                    ("timeout", f"killed after {s.point_timeout:g} s (--point-timeout)") if started
+                    else ("error", f"the ranks did not start within {s.start_timeout:g} s"))
                 break
             time.sleep(0.1)
     _clean_shm(shm_before, port if job.impl == "deepspeed" else None)
     return out
 
 
-def run_job(job: Job, envs: dict[str, Any], s: Settings, logdir: str,
+def run_job(job: Job, envs: dict[str, Any], s: argparse.Namespace, logdir: str,
             say: Callable[[str], None]) -> tuple[list[dict[str, Any]], dict[str, Any]]:  # fmt: skip
     """All points of a job, relaunching the ranks after a point that failed
     (the larger sizes of its table are skipped: they would fail too)."""
@@ -453,12 +414,12 @@ def progress_line(rec: dict[str, Any]) -> str:
             f"{'  #wrong ' + str(rec['wrong']) if rec['wrong'] else ''}")  # fmt: skip
 
 
-def build_record(s: Settings, records: list[dict[str, Any]], impl_info: dict[str, Any],
+def build_record(s: argparse.Namespace, records: list[dict[str, Any]], impl_info: dict[str, Any],
                  elapsed: float, rec: dict[str, Any] | None = None) -> dict[str, Any]:  # fmt: skip
     """The peers record (kind "peers"); ``rec``: one made by record.new at the start."""
-    settings = {k: v for k, v in vars(s).items() if k not in ("argv", "timing", "json_path")}
+    settings = {k: getattr(s, k) for k in SETTINGS}
     rec = rec or record.new("peers", s.argv, settings, s.timing)
-    rec["settings"] = record.plain(settings)
+    rec["settings"] = settings
     m = rec["machine"]
     rows = views.peer_rows(records, s.impls, s.ops, s.dtypes)
     versions = {"smddp": m["smddp"], "gloo": f"(torch {m['torch']})"}
@@ -472,7 +433,7 @@ def write_plot(rec: dict[str, Any], path: str) -> bool:
     """busbw against size: one panel per (op, dtype, world), one line per implementation."""
     title = lambda k: f"{_ops.OPS[k[0]].title} {k[1]}, {k[2]} ranks"  # noqa: E731
     m, impls = rec["machine"], ", ".join(rec["settings"]["impls"])
-    return plot.busbw(plot.from_results(rec["results"], ("op", "dtype", "world"), title), path,
+    return plot.busbw(rec["results"], ("op", "dtype", "world"), title, path,
                       f"shared-memory collectives on one host: {impls}\n{m['cpu_model']}, "
                       f"{m['cpu_cores_available']} cores, {m['hostname']}",
                       ncols=len(rec["settings"]["ranks"]))  # fmt: skip
@@ -489,7 +450,10 @@ def main(argv: list[str] | None = None) -> int:
         sys.exit("bench.peers: needs torch and smddp; run 'make build' first")
     s = parse_args(argv)
     t0 = time.time()
-    say = lambda text: print(f"[{time.time() - t0:6.0f}s] {text}", file=sys.stderr, flush=True)  # noqa: E731
+
+    def say(text: str) -> None:
+        print(f"[{time.time() - t0:6.0f}s] {text}", file=sys.stderr, flush=True)
+
     envs, impl_info = {}, {}
     for name in (i for i in s.impls if i in PEER_PACKAGES):
         env = envs[name] = ensure_env(name, s, say)

@@ -115,8 +115,7 @@ def main(argv: list[str]) -> int:
     info = {"library": MPI.Get_library_version().strip().splitlines()[0],
             "mpi4py": mpi4py.__version__, "numpy": np.__version__}  # fmt: skip
     try:
-        make = lambda op, dtype, nbytes: MpiCase(op, dtype, nbytes, comm, MPI, bf16_op)  # noqa: E731
-        worker.run_points(spec, comm, make, info)
+        worker.run_points(spec, comm, lambda *point: MpiCase(*point, comm, MPI, bf16_op), info)
         comm.ctrl.Barrier()
     finally:
         bf16_op.Free()

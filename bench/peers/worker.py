@@ -10,7 +10,6 @@ ends. Run by the driver:
 
 from __future__ import annotations
 
-import datetime
 import json
 import os
 import sys
@@ -19,37 +18,26 @@ from typing import Any, Callable
 from smddp.bench import ops, record, timing
 
 
-class Progress:
-    """Rank 0's running account of a job, one JSON object per line: the
-    driver reads it to know which point is running and to collect results."""
-
-    def __init__(self, path: str | None):
-        self._f = open(path, "a") if path else None
-
-    def emit(self, event: str, **fields: Any) -> None:
-        if self._f is not None:
-            self._f.write(json.dumps({"event": event, **fields}, allow_nan=False) + "\n")
-            self._f.flush()
-
-    def close(self) -> None:
-        if self._f is not None:
-            self._f.close()
-
-
-def run_points(spec: dict[str, Any], comm: timing.Comm,
-               make_case: Callable[[str, str, int], Any], info: dict[str, Any]) -> None:  # fmt: skip
-    """A worker's main loop: every point of the spec, in order. A point is
-    skipped once a smaller size of its table exceeded the cap in one call, or
-    would exceed twice the cap by linear extrapolation from the previous size
-    (which overestimates while latency dominates, and is about right once
-    bandwidth does, when skipping matters)."""
+def run_points(spec: dict[str, Any], comm: timing.Comm, make_case: Callable[[str, str, int], Any],
+               info: dict[str, Any]) -> None:
+    """A worker's main loop: every point of the spec, in order, each reported
+    as it ends. A point is skipped once a smaller size of its table exceeded
+    the cap in one call, or would exceed twice the cap by linear extrapolation
+    from the previous size (which overestimates while latency dominates, and
+    is about right once bandwidth does, when skipping matters)."""
     impl, world = spec["impl"], spec["world"]
     t = timing.Timing(**spec["timing"])
-    progress = Progress(spec["progress"] if comm.rank == 0 else None)
-    progress.emit("info", impl=impl, info=info)
     given_up: dict[tuple[str, str], str] = {}
     last: dict[tuple[str, str], tuple[int, float]] = {}  # size and seconds of the last point
-    try:
+    # Rank 0's running account of the job, one JSON object per line: the driver
+    # reads it to know which point is running and to collect the results.
+    with open(spec["progress"] if comm.rank == 0 else os.devnull, "a") as log:
+
+        def emit(event: str, **fields: Any) -> None:
+            log.write(json.dumps({"event": event, **fields}, allow_nan=False) + "\n")
+            log.flush()
+
+        emit("info", impl=impl, info=info)
         for p in spec["points"]:
             op, dtype, nbytes = p["op"], p["dtype"], p["bytes"]
             redop = "sum" if ops.OPS[op].reduces else "none"
@@ -61,10 +49,10 @@ def run_points(spec: dict[str, Any], comm: timing.Comm,
                     why = (f"one call would take about {guess:.0f} s (linear in size from the "
                            "previous size), over 2x --point-cap")  # fmt: skip
             if why:
-                rec = record.point(impl, op, dtype, redop, world, nbytes, status="skipped", note=why)
-                progress.emit("point", record=rec)
+                emit("point", record=record.point(impl, op, dtype, redop, world, nbytes,
+                                                  status="skipped", note=why))  # fmt: skip
                 continue
-            progress.emit("begin", point=p)
+            emit("begin", point=p)
             case = make_case(op, dtype, nbytes)
             res = timing.measure({impl: case}, comm, t)[impl]
             rec = record.point(impl, op, dtype, redop, world, nbytes, res)
@@ -78,10 +66,8 @@ def run_points(spec: dict[str, Any], comm: timing.Comm,
                 rec["note"] = f"fewer than --min-iters within --point-cap {t.cap:g} s"
             if record.measured(rec):
                 last[op, dtype] = (size, rec["time_us"] * 1e-6)
-            progress.emit("point", record=rec)
-        progress.emit("done")
-    finally:
-        progress.close()
+            emit("point", record=rec)
+        emit("done")
 
 
 def load_spec(path: str) -> dict[str, Any]:
@@ -102,13 +88,11 @@ def torch_cases(group: Any, comm: Any, call: Callable[[Any], Callable[[], Any]] 
     """Cases on torch tensors (smddp.bench.sweep.Buffers: out of place, except
     AllReduce, which torch has in place only and which is refilled from a
     pristine copy before every call, outside the timed region)."""
-    import torch
-
     from smddp.bench.sweep import Buffers
 
     def make(op: str, dtype: str, nbytes: int) -> Any:
         geom = ops.geometry(op, nbytes, ops.DTYPES[dtype][0], comm.world)
-        buf = Buffers(op, dtype, geom, "sum", 0, comm.rank, comm.world, torch.device("cpu"))
+        buf = Buffers(op, dtype, geom, "sum", 0, comm.rank, comm.world)
         return buf.case(call(buf) if call else buf.call(group))
 
     return make
@@ -120,12 +104,10 @@ def main(argv: list[str]) -> int:
     import torch.distributed as dist
 
     import smddp
-    from smddp.bench.sweep import TorchComm
+    from smddp.bench.sweep import TorchComm, process_group
 
-    torch.set_num_threads(1)
-    timeout = datetime.timedelta(seconds=spec["pg_timeout"])
-    dist.init_process_group("gloo", init_method="env://", timeout=timeout)
-    try:
+    world = int(os.environ["WORLD_SIZE"])
+    with process_group(int(os.environ["RANK"]), world, "env://", spec["pg_timeout"]) as timeout:
         group = dist.new_group(backend=spec["impl"], timeout=timeout)
         # The barrier of the measured implementation; timings reduced on gloo.
         comm = TorchComm(dist.group.WORLD, barrier=lambda: dist.barrier(group=group))
@@ -134,8 +116,6 @@ def main(argv: list[str]) -> int:
             info.update(smddp=smddp.__version__, config=smddp.config.current())
         run_points(spec, comm, torch_cases(group, comm), info)
         dist.barrier()
-    finally:
-        dist.destroy_process_group()
     return 0
 
 

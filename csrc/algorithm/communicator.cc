@@ -14,8 +14,10 @@ transport::WaitPolicy waitPolicyOf(const Config& config) {
   // very peer it waits for: yield at once, and for longer.
   const bool oversubscribed = config.oversubscribed();
   transport::WaitPolicy p;
-  p.spin_us = config.spin_us >= 0 ? config.spin_us : (oversubscribed ? 0 : 20);
-  p.yield_us = config.yield_us >= 0 ? config.yield_us : (oversubscribed ? 2000 : 20);
+  p.spin_us =
+      config.spin_us >= 0 ? config.spin_us : (oversubscribed ? autos::kSpinUsOversubscribed : autos::kSpinUs);
+  p.yield_us =
+      config.yield_us >= 0 ? config.yield_us : (oversubscribed ? autos::kYieldUsOversubscribed : autos::kYieldUs);
   return p;
 }
 

@@ -13,18 +13,17 @@ using protocol::Path;
 
 namespace {
 
-// A cross-memory read moves a block in one copy where the staging slots take
-// two, but each read is a system call that pins the source pages: it pays
-// from the block size where the copy saved outweighs that fixed cost. Where
-// the host's ranks outnumber its CPUs, the calls and the pinning compete
-// with the very peers a rank waits for, so the threshold is higher there
-// (docs/design.md, "Where the time goes, as design rules").
-constexpr size_t kSingleCopyMinBytes = size_t{32} << 10;
-constexpr size_t kSingleCopyMinBytesOversubscribed = size_t{1} << 20;
-
-// The single-copy AllReduce takes three rounds to the staged path's one or
-// two: it is taken only for slices (bytes per rank) of at least this much.
-constexpr size_t kAllReduceSingleCopyMinBytes = size_t{128} << 10;
+// The single-copy thresholds are the knobs' "auto" values (config.h,
+// autos): a cross-memory read moves a block in one copy where the staging
+// slots take two, but each read is a system call that pins the source pages,
+// and pays from the size where the copy saved outweighs that fixed cost;
+// where the host's ranks outnumber its CPUs the calls compete with the very
+// peers a rank waits for (docs/design.md, "Where the time goes, as design
+// rules"). The single-copy AllReduce takes three rounds to the staged
+// path's one or two, so its slices must be larger still.
+using autos::kAllReduceSingleCopyMinBytes;
+using autos::kSingleCopyMinBytes;
+using autos::kSingleCopyMinBytesOversubscribed;
 
 // reduceFromPeers reads a chunk of every peer's data into scratch and
 // reduces the chunks together: all of them fit in this budget, and none

@@ -55,22 +55,55 @@ at::Tensor HostLayout::buffer(const Where& where, const at::Tensor& t, const std
 
 at::Tensor HostLayout::copy(const at::Tensor& user, Access access) {
   at::Tensor flat = at::empty(user.sizes(), user.options().memory_format(at::MemoryFormat::Contiguous));
-  staged_.push_back(Staged{user, flat, (access & kRead) != 0, (access & kWrite) != 0});
+  staged_.push_back(Staged{{user}, flat, -1, (access & kRead) != 0, (access & kWrite) != 0});
   return flat;
+}
+
+at::Tensor HostLayout::blocks(const std::vector<at::Tensor>& parts, int64_t block, Access access) {
+  at::Tensor flat = at::empty({static_cast<int64_t>(parts.size()) * block}, parts.at(0).options());
+  staged_.push_back(Staged{parts, flat, block, (access & kRead) != 0, (access & kWrite) != 0});
+  return flat;
+}
+
+at::Tensor HostLayout::padded(const at::Tensor& t, int64_t block, Access access) {
+  if (t.is_contiguous() && t.numel() == block) {
+    return t;
+  }
+  return blocks({t}, block, access);
 }
 
 void HostLayout::copyIn() const {
   for (const auto& s : staged_) {
-    if (s.copy_in) {
-      s.flat.copy_(s.user);
+    if (!s.copy_in) {
+      continue;
+    }
+    if (s.block < 0) {
+      s.flat.copy_(s.parts[0]);
+      continue;
+    }
+    for (size_t k = 0; k < s.parts.size(); ++k) {
+      const at::Tensor& part = s.parts[k];
+      at::Tensor slot = s.flat.narrow(0, static_cast<int64_t>(k) * s.block, s.block);
+      slot.narrow(0, 0, part.numel()).view(part.sizes()).copy_(part);
+      if (part.numel() < s.block) {
+        slot.narrow(0, part.numel(), s.block - part.numel()).zero_();
+      }
     }
   }
 }
 
 void HostLayout::copyOut() const {
   for (const auto& s : staged_) {
-    if (s.copy_out) {
-      s.user.copy_(s.flat);
+    if (!s.copy_out) {
+      continue;
+    }
+    if (s.block < 0) {
+      s.parts[0].copy_(s.flat);
+      continue;
+    }
+    for (size_t k = 0; k < s.parts.size(); ++k) {
+      const at::Tensor& part = s.parts[k];
+      part.copy_(s.flat.narrow(0, static_cast<int64_t>(k) * s.block, part.numel()).view(part.sizes()));
     }
   }
 }

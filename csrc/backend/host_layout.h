@@ -48,14 +48,26 @@ class HostLayout {
   // strided tensor's.
   at::Tensor copy(const at::Tensor& user, Access access);
 
+  // The list forms, whose tensors may differ in size from rank to rank: a
+  // flat buffer of parts.size() blocks of `block` elements each, part k in
+  // block k. Copied in (kRead): the rest of each block is zero, padding
+  // that a reduction carries along and drops. Copied out (kWrite): each part
+  // receives the first numel() elements of its block, in its own shape.
+  at::Tensor blocks(const std::vector<at::Tensor>& parts, int64_t block, Access access);
+  // `t` as the first elements of a flat buffer of `block` elements, as
+  // blocks() does for one part; `t` itself when it is contiguous and has
+  // `block` elements.
+  at::Tensor padded(const at::Tensor& t, int64_t block, Access access);
+
   // Run on the executor, before and after the collective.
   void copyIn() const;
   void copyOut() const;
 
  private:
   struct Staged {
-    at::Tensor user;
+    std::vector<at::Tensor> parts;  // one, or a list form's tensors
     at::Tensor flat;
+    int64_t block;  // elements per part in `flat`
     bool copy_in;
     bool copy_out;
   };

@@ -7,84 +7,22 @@
 #include <torch/csrc/distributed/c10d/PrefixStore.hpp>
 #include <torch/csrc/distributed/c10d/TCPStore.hpp>
 
+#include "backend/conversions.h"
 #include "backend/device_path.h"
 #include "backend/fallback_factory.h"
 #include "backend/store_adapter.h"
 #include "common/error.h"
 #include "common/huge_pages.h"
 #include "common/log.h"
+#include "topology/discovery.h"
 
 namespace smddp {
 
 using ::c10d::OpType;
 
-// ------------------------------------------------------------ conversions
-
-DataType toDataType(at::ScalarType type, bool* ok) {
-  *ok = true;
-  switch (type) {
-    case at::kFloat:
-      return DataType::kFloat32;
-    case at::kDouble:
-      return DataType::kFloat64;
-    case at::kHalf:
-      return DataType::kFloat16;
-    case at::kBFloat16:
-      return DataType::kBFloat16;
-    case at::kChar:
-      return DataType::kInt8;
-    case at::kByte:
-      return DataType::kUInt8;
-    case at::kInt:
-      return DataType::kInt32;
-    case at::kLong:
-      return DataType::kInt64;
-    case at::kBool:
-      return DataType::kBool;
-    default:
-      *ok = false;
-      return DataType::kUInt8;
-  }
-}
-
-ReduceOp toReduceOp(const ::c10d::ReduceOp& op, bool* ok) {
-  *ok = true;
-  switch (op.op_) {
-    case ::c10d::ReduceOp::SUM:
-      return ReduceOp::kSum;
-    case ::c10d::ReduceOp::AVG:
-      return ReduceOp::kAvg;
-    case ::c10d::ReduceOp::PRODUCT:
-      return ReduceOp::kProduct;
-    case ::c10d::ReduceOp::MIN:
-      return ReduceOp::kMin;
-    case ::c10d::ReduceOp::MAX:
-      return ReduceOp::kMax;
-    case ::c10d::ReduceOp::PREMUL_SUM:
-      return ReduceOp::kPremulSum;
-    default:
-      *ok = false;
-      return ReduceOp::kSum;
-  }
-}
+// ------------------------------------------------------------ helpers
 
 namespace {
-
-const char* redOpName(const ::c10d::ReduceOp& op) {
-  switch (op.op_) {
-    case ::c10d::ReduceOp::BAND:
-      return "BAND";
-    case ::c10d::ReduceOp::BOR:
-      return "BOR";
-    case ::c10d::ReduceOp::BXOR:
-      return "BXOR";
-    default: {
-      bool ok = false;
-      ReduceOp r = toReduceOp(op, &ok);
-      return ok ? reduceOpName(r) : "UNUSED";
-    }
-  }
-}
 
 std::exception_ptr makeDistBackendError(const std::string& msg) {
   return std::make_exception_ptr(c10::DistBackendError(
@@ -96,51 +34,15 @@ std::exception_ptr makeTorchError(const std::string& msg) {
       c10::SourceLocation{__func__, __FILE__, static_cast<uint32_t>(__LINE__)}, msg));
 }
 
-// The element type a collective that only moves bytes runs with: the real
-// one when smddp knows it (so ranks that disagree are told), else bytes.
-struct MoveType {
-  DataType dtype;
-  size_t count;
-};
-
 // "float32, 1024 elements, SUM", for the flight recorder.
 std::string detailOf(const algorithm::OpArgs& a) {
   return describeCall(a.kind, a.dtype(), a.reduce.op, a.count, a.root);
-}
-
-MoveType moveType(const at::Tensor& t) {
-  bool ok = false;
-  DataType d = toDataType(t.scalar_type(), &ok);
-  if (ok) {
-    return {d, static_cast<size_t>(t.numel())};
-  }
-  return {DataType::kUInt8, static_cast<size_t>(t.numel()) * t.element_size()};
 }
 
 } // namespace
 
 // ------------------------------------------------------------ construction
 
-namespace {
-
-// The host of the TCPStore under any prefixes: the inter-node sockets listen
-// on the address that routes there (unless SMDDP_SOCKET_IFNAME says).
-std::string storeHost(const c10::intrusive_ptr<::c10d::Store>& store) {
-  c10::intrusive_ptr<::c10d::Store> s = store;
-  for (int depth = 0; depth < 16 && s; ++depth) {
-    if (auto* tcp = dynamic_cast<::c10d::TCPStore*>(s.get())) {
-      return tcp->getHost();
-    }
-    auto* prefix = dynamic_cast<::c10d::PrefixStore*>(s.get());
-    if (prefix == nullptr) {
-      break;
-    }
-    s = prefix->getUnderlyingStore();
-  }
-  return "";
-}
-
-} // namespace
 
 ProcessGroupSMDDP::ProcessGroupSMDDP(
     const Ptr<::c10d::Store>& store,
@@ -177,113 +79,33 @@ ProcessGroupSMDDP::ProcessGroupSMDDP(
   }
   C10dStoreAdapter st(store_, timeout);
   try {
-    // Every rank must run the same schedules: their settings must agree.
-    auto settings = storeAllGather(st, "smddp/config", rank, size, toBytes(config_.agreementString()));
-    for (int r = 0; r < size; ++r) {
-      std::string diff = Config::describeDifference(
-          toString(settings[0]), toString(settings[static_cast<size_t>(r)]));
-      TORCH_CHECK_VALUE(
-          diff.empty(),
-          "ProcessGroupSMDDP (rank ",
-          rank,
-          "): ranks 0 and ",
-          r,
-          " have different settings: ",
-          diff,
-          ". Set the SMDDP_* variables the same way on every rank.");
-    }
+    config_.checkAgreement(st, "smddp/config", rank, size);
     const int global_rank =
         global_ranks_.empty() ? rank : static_cast<int>(global_ranks_[static_cast<size_t>(rank)]);
-    // Each rank's global rank, CPUs and host: the node keys, and whether the
-    // host has more ranks than CPUs (the "auto" settings), decided alike by
-    // every rank of the host.
-    const std::string host = topology::hostIdentity();
-    auto places = storeAllGather(
-        st, "smddp/node", rank, size, toBytes(str(global_rank, " ", topology::usableCpus(), " ", host)));
-    std::vector<std::string> node_keys;
-    int host_ranks = 0;
-    int host_cpus = 0;
-    for (auto& p : places) {
-      std::istringstream place(toString(p));
-      int peer_rank = 0;
-      int peer_cpus = 0;
-      std::string peer_host;
-      place >> peer_rank >> peer_cpus;
-      place.get();
-      std::getline(place, peer_host);
-      node_keys.push_back(topology::nodeKey(peer_host, peer_rank, config_.ranks_per_node));
-      if (peer_host == host) {
-        ++host_ranks;
-        host_cpus = host_cpus == 0 ? peer_cpus : std::min(host_cpus, peer_cpus);
-      }
-    }
-    // A sub-group shares the host with the rest of the job (torchrun says
-    // how many ranks it started here).
-    if (const char* local_world = std::getenv("LOCAL_WORLD_SIZE")) {
-      host_ranks = std::max(host_ranks, std::atoi(local_world));
-    }
-    config_.host_ranks = host_ranks;
-    config_.host_cpus = host_cpus;
-    topology_ = std::make_unique<topology::Topology>(rank, node_keys);
+    const topology::Placement placement =
+        topology::discoverPlacement(st, "smddp/node", rank, size, global_rank, config_.ranks_per_node);
+    config_.host_ranks = placement.host_ranks;
+    config_.host_cpus = placement.host_cpus;
+    topology_ = std::make_unique<topology::Topology>(rank, placement.node_keys);
     algorithm::NetOptions net;
     net.store_host = storeHost(store);
-    // A rank's NIC is its process's (its GPU's), not a group's: the place
-    // the launcher gave it on the host picks it, so that a sub-group's ranks
-    // keep their rails' NICs.
-    int place = topology_->myLocalRank();
-    int place_count = topology_->localSize();
-    const char* local_rank = std::getenv("LOCAL_RANK");
-    const char* local_world = std::getenv("LOCAL_WORLD_SIZE");
-    if (local_rank != nullptr && local_world != nullptr && std::atoi(local_world) > 0) {
-      place = std::atoi(local_rank);
-      place_count = std::atoi(local_world);
-    }
-    try {
-      nic_ = transport::chooseNic(config_.socket_ifname, place, place_count, net.store_host);
-    } catch (const Error& e) {
-      TORCH_CHECK_VALUE(false, "ProcessGroupSMDDP (rank ", rank, "): ", e.what());
-    }
+    const topology::LauncherPlace place = topology::launcherPlace(*topology_);
+    nic_ = transport::chooseNic(config_.socket_ifname, place.index, place.count, net.store_host);
     net.nic = nic_;
     communicator_ = algorithm::createCommunicator(st, *topology_, config_, net, timeout);
   } catch (const Error& e) {
+    // A user's setting (differing between ranks, or naming no NIC of the
+    // host) is a ValueError; anything else failed to communicate.
+    TORCH_CHECK_VALUE(e.kind() != ErrorKind::kConfig, "ProcessGroupSMDDP (rank ", rank, "): ", e.what());
     TORCH_CHECK_WITH(DistBackendError, false, failed_here, "set-up failed: ", e.what());
   }
   executor_ = std::make_shared<Executor>("smddp-exec");
   if (config_.fallback != "none") {
     auto prefixed = c10::make_intrusive<::c10d::PrefixStore>("smddp-fallback", store_);
-    std::exception_ptr mine;
-    std::string failure;
-    try {
-      for (auto& [device, backend] : makeFallbacks(prefixed, rank, size, timeout, config_.fallback)) {
-        fallbacks_[static_cast<int>(device)] = backend;
-      }
-    } catch (const std::exception& e) {
-      mine = std::current_exception();
-      failure = str("rank ", rank, ": ", e.what());
+    for (auto& [device, backend] : connectFallbacks(
+             prefixed, st, "smddp/fallbacks-connected", rank, size, timeout, config_.fallback, failed_here)) {
+      fallbacks_[static_cast<int>(device)] = backend;
     }
-    // No member returns before every member has connected its fallback: one
-    // that destroyed the group at once would close its sockets while a peer
-    // still completes the connection, and gloo fails that peer's set-up as
-    // if this rank had crashed. A rank whose fallback failed still arrives,
-    // so that the others fail now, naming it, instead of at the timeout.
-    try {
-      failure = storeBarrier(st, "smddp/fallbacks-connected", size, failure);
-    } catch (const std::exception& e) {
-      failure = str("the ranks did not all arrive: ", e.what());
-    }
-    if (mine) {
-      std::rethrow_exception(mine);
-    }
-    TORCH_CHECK_WITH(
-        DistBackendError,
-        failure.empty(),
-        failed_here,
-        "creating the fallback group (SMDDP_FALLBACK=",
-        config_.fallback,
-        ") failed: ",
-        failure,
-        ". Fix that rank's error, or set SMDDP_FALLBACK=none on every rank if only smddp's native "
-        "collectives are needed.");
   }
   SMDDP_LOG(kInfo, "group '", group_name_, "' rank ", rank, "/", size, ": ", describe());
   init();
@@ -1007,29 +829,14 @@ c10::intrusive_ptr<::c10d::Work> ProcessGroupSMDDP::allgather(
   // Output k takes rank k's input, whose size may differ from rank to rank
   // (as nccl allows): every rank pads its input to the largest.
   const int64_t block = perRankBlock(kOp, outputs[0], true, in);
-  std::vector<at::Tensor> outs = outputs[0];
-  return submitNative(
-      OpType::ALLGATHER, kOp, smddp::str(in.scalar_type(), ", ", block, " elements per rank"), outs,
-      std::vector<at::Tensor>{in}, opts.asyncOp, 1,
-      [this, in, outs, block](uint64_t seq, const Deadline& deadline) {
-        at::Tensor src = in.contiguous().view({-1});
-        if (src.numel() != block) {
-          at::Tensor padded = at::empty({block}, src.options());
-          padded.narrow(0, 0, src.numel()).copy_(src);
-          src = padded;
-        }
-        at::Tensor flat = at::empty({static_cast<int64_t>(outs.size()) * block}, src.options());
-        MoveType m = moveType(src);
-        algorithm::OpArgs a =
-            opArgs(CollectiveKind::kAllGather, moveSpec(m.dtype), src.data_ptr(), flat.data_ptr(), m.count);
-        a.seq = seq;
-        a.deadline = deadline;
-        prepareHostMemory(a);
-        communicator_->allGather(a);
-        for (size_t r = 0; r < outs.size(); ++r) {
-          outs[r].copy_(flat.narrow(0, static_cast<int64_t>(r) * block, outs[r].numel()).view(outs[r].sizes()));
-        }
-      });
+  HostLayout layout;
+  at::Tensor src = layout.padded(in, block, HostLayout::kRead);
+  at::Tensor flat = layout.blocks(outputs[0], block, HostLayout::kWrite);
+  MoveType m = moveType(src);
+  return submitOnHost(
+      OpType::ALLGATHER, kOp,
+      {opArgs(CollectiveKind::kAllGather, moveSpec(m.dtype), src.data_ptr(), flat.data_ptr(), m.count)},
+      {in}, outputs[0], opts.asyncOp, std::move(layout));
 }
 
 c10::intrusive_ptr<::c10d::Work> ProcessGroupSMDDP::allgather_coalesced(
@@ -1063,30 +870,24 @@ c10::intrusive_ptr<::c10d::Work> ProcessGroupSMDDP::allgather_coalesced(
   if (route(kOp, all, nullptr) != Route::kHost) {
     return fallbackFor(inputs, kOp)->allgather_coalesced(outputs, inputs, opts);
   }
+  // Output list r takes rank r's inputs: input i's gather lands in the
+  // i-th tensor of every list.
+  HostLayout layout;
+  std::vector<algorithm::OpArgs> calls;
   std::vector<at::Tensor> all_outs;
-  for (const auto& list : outputs) {
-    all_outs.insert(all_outs.end(), list.begin(), list.end());
+  for (size_t i = 0; i < inputs.size(); ++i) {
+    at::Tensor src = layout.buffer(where(kOp), inputs[i], nth("input", static_cast<int64_t>(i)), HostLayout::kRead);
+    std::vector<at::Tensor> gathered;
+    for (const auto& list : outputs) {
+      gathered.push_back(list[i]);
+      all_outs.push_back(list[i]);
+    }
+    at::Tensor flat = layout.blocks(gathered, src.numel(), HostLayout::kWrite);
+    MoveType m = moveType(src);
+    calls.push_back(opArgs(CollectiveKind::kAllGather, moveSpec(m.dtype), src.data_ptr(), flat.data_ptr(), m.count));
   }
-  return submitNative(
-      OpType::ALLGATHER_COALESCED, kOp, str(inputs.size(), " tensors"), all_outs, inputs, opts.asyncOp,
-      inputs.size(),
-      [this, outputs, inputs](uint64_t seq, const Deadline& deadline) {
-        for (size_t i = 0; i < inputs.size(); ++i) {
-          at::Tensor src = inputs[i].contiguous();
-          at::Tensor flat = at::empty({static_cast<int64_t>(outputs.size()) * src.numel()}, src.options());
-          MoveType m = moveType(src);
-          algorithm::OpArgs a =
-              opArgs(CollectiveKind::kAllGather, moveSpec(m.dtype), src.data_ptr(), flat.data_ptr(), m.count);
-          a.seq = seq + i;
-          a.deadline = deadline;
-          prepareHostMemory(a);
-          communicator_->allGather(a);
-          for (size_t r = 0; r < outputs.size(); ++r) {
-            outputs[r][i].copy_(flat.narrow(0, static_cast<int64_t>(r) * src.numel(), src.numel())
-                                    .view(outputs[r][i].sizes()));
-          }
-        }
-      });
+  return submitOnHost(
+      OpType::ALLGATHER_COALESCED, kOp, std::move(calls), inputs, all_outs, opts.asyncOp, std::move(layout));
 }
 
 c10::intrusive_ptr<::c10d::Work> ProcessGroupSMDDP::_reduce_scatter_base(
@@ -1161,37 +962,14 @@ c10::intrusive_ptr<::c10d::Work> ProcessGroupSMDDP::reduce_scatter(
   // largest.
   const int64_t block = perRankBlock(kOp, inputs[0], false, out);
   algorithm::ReduceSpec spec = makeReduceSpec(kOp, out.scalar_type(), opts.reduceOp);
-  std::vector<at::Tensor> ins = inputs[0];
-  return submitNative(
-      OpType::REDUCE_SCATTER, kOp, smddp::str(out.scalar_type(), ", ", block, " elements per rank, ", reduceOpName(spec.op)),
-      {out}, ins, opts.asyncOp, 1,
-      [this, out, ins, spec, block](uint64_t seq, const Deadline& deadline) {
-        at::Tensor flat;
-        if (std::all_of(ins.begin(), ins.end(), [&](const at::Tensor& t) { return t.numel() == block; })) {
-          std::vector<at::Tensor> parts;
-          for (const auto& t : ins) {
-            parts.push_back(t.reshape({-1}));
-          }
-          flat = at::cat(parts);
-        } else {
-          // The padding is reduced too, and dropped.
-          flat = at::zeros({static_cast<int64_t>(ins.size()) * block}, out.options());
-          for (size_t k = 0; k < ins.size(); ++k) {
-            flat.narrow(0, static_cast<int64_t>(k) * block, ins[k].numel()).copy_(ins[k].reshape({-1}));
-          }
-        }
-        const bool direct = out.is_contiguous() && out.numel() == block;
-        at::Tensor res = direct ? out : at::empty({block}, out.options());
-        algorithm::OpArgs a = opArgs(
-            CollectiveKind::kReduceScatter, spec, flat.data_ptr(), res.data_ptr(), static_cast<size_t>(block));
-        a.seq = seq;
-        a.deadline = deadline;
-        prepareHostMemory(a);
-        communicator_->reduceScatter(a);
-        if (!direct) {
-          out.copy_(res.narrow(0, 0, out.numel()).view(out.sizes()));
-        }
-      });
+  HostLayout layout;
+  // The padding of shorter blocks is reduced too, and dropped.
+  at::Tensor flat = layout.blocks(inputs[0], block, HostLayout::kRead);
+  at::Tensor res = layout.padded(out, block, HostLayout::kWrite);
+  return submitOnHost(
+      OpType::REDUCE_SCATTER, kOp,
+      {opArgs(CollectiveKind::kReduceScatter, spec, flat.data_ptr(), res.data_ptr(), static_cast<size_t>(block))},
+      inputs[0], {out}, opts.asyncOp, std::move(layout));
 }
 
 c10::intrusive_ptr<::c10d::Work> ProcessGroupSMDDP::barrier(const ::c10d::BarrierOptions& opts) {
@@ -1232,7 +1010,7 @@ algorithm::ReduceSpec ProcessGroupSMDDP::makeReduceSpec(
       reduceOpSupported(spec.dtype, spec.op),
       where(op),
       "ReduceOp.",
-      redOpName(rop),
+      c10dReduceOpName(rop),
       " is not defined for ",
       dtype,
       " tensors; ",

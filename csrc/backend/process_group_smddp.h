@@ -321,8 +321,5 @@ class ProcessGroupSMDDP : public ::c10d::Backend {
   std::atomic<bool> shut_down_{false};
 };
 
-// ---- helpers shared with the bindings and tests
-DataType toDataType(at::ScalarType type, bool* ok);
-ReduceOp toReduceOp(const ::c10d::ReduceOp& op, bool* ok);
 
 } // namespace smddp

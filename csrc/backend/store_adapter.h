@@ -1,7 +1,9 @@
 // The core's Store over a c10d::Store (TCPStore, FileStore, PrefixStore...).
 #pragma once
 
+#include <torch/csrc/distributed/c10d/PrefixStore.hpp>
 #include <torch/csrc/distributed/c10d/Store.hpp>
+#include <torch/csrc/distributed/c10d/TCPStore.hpp>
 
 #include <chrono>
 
@@ -43,5 +45,23 @@ class C10dStoreAdapter : public Store {
   c10::intrusive_ptr<::c10d::Store> store_;
   std::chrono::milliseconds timeout_;
 };
+
+// The host of the TCPStore under any prefixes: the inter-node sockets listen
+// on the address that routes there (unless SMDDP_SOCKET_IFNAME says).
+inline std::string storeHost(const c10::intrusive_ptr<::c10d::Store>& store) {
+  c10::intrusive_ptr<::c10d::Store> s = store;
+  for (int depth = 0; depth < 16 && s; ++depth) {
+    if (auto* tcp = dynamic_cast<::c10d::TCPStore*>(s.get())) {
+      return tcp->getHost();
+    }
+    auto* prefix = dynamic_cast<::c10d::PrefixStore*>(s.get());
+    if (prefix == nullptr) {
+      break;
+    }
+    s = prefix->getUnderlyingStore();
+  }
+  return "";
+}
+
 
 } // namespace smddp

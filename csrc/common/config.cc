@@ -363,13 +363,75 @@ std::string Config::describeDifference(const std::string& a, const std::string& 
   return out;
 }
 
+namespace {
+
+// "32K", "1M": a size as the knobs write it.
+std::string sizeText(size_t bytes) {
+  const char* units[] = {"", "K", "M", "G", "T"};
+  int u = 0;
+  while (u < 4 && bytes >= 1024 && bytes % 1024 == 0) {
+    bytes /= 1024;
+    ++u;
+  }
+  return str(bytes, units[u]);
+}
+
+// A help text with {kName} replaced by the value of autos::kName.
+std::string interpolate(const std::string& help) {
+  static const std::pair<const char*, std::string> kValues[] = {
+      {"kSingleCopyMinBytes", sizeText(autos::kSingleCopyMinBytes)},
+      {"kSingleCopyMinBytesOversubscribed", sizeText(autos::kSingleCopyMinBytesOversubscribed)},
+      {"kAllReduceSingleCopyMinBytes", sizeText(autos::kAllReduceSingleCopyMinBytes)},
+      {"kSequentialRailBytes", sizeText(autos::kSequentialRailBytes)},
+      {"kMinRailChunkBytes", sizeText(autos::kMinRailChunkBytes)},
+      {"kSocketRcvbufBytes", sizeText(autos::kSocketRcvbufBytes)},
+      {"kSpinUs", std::to_string(autos::kSpinUs)},
+      {"kSpinUsOversubscribed", std::to_string(autos::kSpinUsOversubscribed)},
+      {"kYieldUs", std::to_string(autos::kYieldUs)},
+      {"kYieldUsOversubscribed", std::to_string(autos::kYieldUsOversubscribed)},
+  };
+  std::string out;
+  size_t at = 0;
+  while (true) {
+    const size_t open = help.find('{', at);
+    if (open == std::string::npos) {
+      return out + help.substr(at);
+    }
+    const size_t close = help.find('}', open);
+    SMDDP_ASSERT(close != std::string::npos, "unclosed {} in a knob's help: ", help);
+    const std::string name = help.substr(open + 1, close - open - 1);
+    const std::string* value = nullptr;
+    for (const auto& [n, v] : kValues) {
+      if (name == n) {
+        value = &v;
+      }
+    }
+    SMDDP_ASSERT(value != nullptr, "a knob's help names no constant '", name, "'");
+    out += help.substr(at, open - at) + *value;
+    at = close + 1;
+  }
+}
+
+} // namespace
+
 std::vector<KnobInfo> describeKnobs() {
   std::vector<KnobInfo> out;
 #define SMDDP_DESCRIBE_KNOB(field, env, agree, kind, def, domain, help) \
-  out.push_back(KnobInfo{env, agree, #kind, def, domain, help});
+  out.push_back(KnobInfo{env, agree, #kind, def, domain, interpolate(help)});
   SMDDP_CONFIG_KNOBS(SMDDP_DESCRIBE_KNOB)
 #undef SMDDP_DESCRIBE_KNOB
   return out;
+}
+
+void Config::checkAgreement(Store& store, const std::string& key, int rank, int size) const {
+  auto settings = storeAllGather(store, key, rank, size, toBytes(agreementString()));
+  for (int r = 0; r < size; ++r) {
+    const std::string diff = describeDifference(toString(settings[0]), toString(settings[static_cast<size_t>(r)]));
+    if (!diff.empty()) {
+      SMDDP_THROW(kConfig, "ranks 0 and ", r, " have different settings: ", diff,
+                  ". Set the SMDDP_* variables the same way on every rank.");
+    }
+  }
 }
 
 } // namespace smddp

@@ -16,12 +16,39 @@
 #include <string>
 #include <vector>
 
+#include "common/store.h"
+
 namespace smddp {
 
 enum class Algo { kAuto, kRing, kHierarchical };
 enum class Tristate { kAuto, kOn, kOff };
 enum class HugePageMode { kAuto, kAdvise, kOff };
 constexpr size_t kAutoBytes = static_cast<size_t>(-1);
+
+// What the knobs' "auto" values resolve to, and the fixed sizes their help
+// names: defined once here, used by the code that applies them, and
+// interpolated into the help ({kName} in a help text), so that what the
+// documentation says is what the code does.
+namespace autos {
+// SMDDP_SINGLE_COPY_MIN_BYTES: a cross-memory read of a peer's buffer
+// replaces two copies through the staging slots from this size per rank;
+// with more ranks than CPUs its system calls and page pinning cost more.
+constexpr size_t kSingleCopyMinBytes = size_t{32} << 10;
+constexpr size_t kSingleCopyMinBytesOversubscribed = size_t{1} << 20;
+// AllReduce reads twice what it writes: its single-copy path starts here.
+constexpr size_t kAllReduceSingleCopyMinBytes = size_t{128} << 10;
+// SMDDP_PIPELINE=auto: rail data up to this runs its stages in sequence.
+constexpr size_t kSequentialRailBytes = size_t{512} << 10;
+// The rails cut no chunk under this (SMDDP_CHUNK_BYTES).
+constexpr size_t kMinRailChunkBytes = size_t{256} << 10;
+// SMDDP_SOCKET_RCVBUF_BYTES=auto where the host's ranks outnumber its CPUs.
+constexpr size_t kSocketRcvbufBytes = size_t{1} << 20;
+// SMDDP_SPIN_US / SMDDP_YIELD_US=auto, and where ranks outnumber CPUs.
+constexpr int kSpinUs = 20;
+constexpr int kSpinUsOversubscribed = 0;
+constexpr int kYieldUs = 20;
+constexpr int kYieldUsOversubscribed = 2000;
+} // namespace autos
 
 // X(field, ENV_NAME, agree, kind, default, domain, help)
 // agree: every rank of a group must have the same value (it shapes the
@@ -39,7 +66,7 @@ constexpr size_t kAutoBytes = static_cast<size_t>(-1);
   X(chunk_bytes, "SMDDP_CHUNK_BYTES", true, bytes, "1M", "4K..1G",                   \
     "Pipeline chunk of the hierarchical and ring schedules (the rails of the " \
     "hierarchical AllGather and ReduceScatter take at most half a block, but "\
-    "not under 256K).")                                                       \
+    "not under {kMinRailChunkBytes}).")                                                       \
   X(ranks_per_node, "SMDDP_RANKS_PER_NODE", true, int, "0", "0..1048576",            \
     "Emulate nodes: consecutive groups of this many ranks of one host act as " \
     "separate nodes (0: a node is a host).")                                   \
@@ -56,22 +83,22 @@ constexpr size_t kAutoBytes = static_cast<size_t>(-1);
   X(single_copy_min_bytes, "SMDDP_SINGLE_COPY_MIN_BYTES", true, autobytes, "auto",   \
     "0..1T",                                                                   \
     "With SMDDP_SINGLE_COPY=auto, the per-rank message size from which the "   \
-    "single-copy path is used (AllReduce: at least 128K per rank); auto: 32K, "\
-    "or 1M when the host's ranks outnumber its CPUs.")                         \
+    "single-copy path is used (AllReduce: at least {kAllReduceSingleCopyMinBytes} per rank); auto: {kSingleCopyMinBytes}, "\
+    "or {kSingleCopyMinBytesOversubscribed} when the host's ranks outnumber its CPUs.")                         \
   X(pipeline, "SMDDP_PIPELINE", true, choice, "auto", "auto|on|off",                 \
     "Hierarchical AllGather/ReduceScatter/AllReduce: run the rail and node "   \
     "stages at once, chunk by chunk, on two threads (on) or one after the "    \
     "other on the calling thread (off); auto: pipelined when a block of the "  \
-    "rail exceeds SMDDP_CHUNK_BYTES or a rail's data 512K, unless the host's " \
+    "rail exceeds SMDDP_CHUNK_BYTES or a rail's data {kSequentialRailBytes}, unless the host's " \
     "ranks outnumber its CPUs (AllReduce: on its single-copy path).")          \
   X(shm_slot_bytes, "SMDDP_SHM_SLOT_BYTES", true, bytes, "1M", "4K..1G",             \
     "Staging buffer of each rank in the node's shared-memory segment.")        \
   X(spin_us, "SMDDP_SPIN_US", false, autoint, "auto", "0..1000000",                   \
-    "Microseconds a waiting rank spins before it yields its CPU; auto: 20, "   \
-    "or 0 when the host's ranks outnumber its CPUs.")                          \
+    "Microseconds a waiting rank spins before it yields its CPU; auto: {kSpinUs}, "   \
+    "or {kSpinUsOversubscribed} when the host's ranks outnumber its CPUs.")   \
   X(yield_us, "SMDDP_YIELD_US", false, autoint, "auto", "0..1000000",                 \
     "Microseconds a waiting rank then yields its CPU to runnable peers before "\
-    "it sleeps on a futex; auto: 20, or 2000 when the host's ranks outnumber " \
+    "it sleeps on a futex; auto: {kYieldUs}, or {kYieldUsOversubscribed} when the host's ranks outnumber " \
     "its CPUs.")                                                               \
   X(huge_pages, "SMDDP_HUGE_PAGES", false, choice, "auto", "auto|advise|off",         \
     "Transparent huge pages for the large CPU buffers of collectives: advise " \
@@ -95,7 +122,7 @@ constexpr size_t kAutoBytes = static_cast<size_t>(-1);
     "0..1G",                                                                   \
     "Receive buffer of each inter-node TCP connection (SO_RCVBUF, which the "  \
     "kernel doubles for its bookkeeping and caps at net.core.rmem_max); 0 "    \
-    "keeps the kernel's autotuning; auto: 1M when the host's ranks outnumber " \
+    "keeps the kernel's autotuning; auto: {kSocketRcvbufBytes} when the host's ranks outnumber " \
     "its CPUs and rmem_max allows it (what a peer sends then stays in cache "  \
     "until the receiver runs), else 0.")                                       \
   X(cuda_ranks_per_gpu, "SMDDP_CUDA_RANKS_PER_GPU", true, int, "1", "1..64",         \
@@ -113,6 +140,15 @@ constexpr size_t kAutoBytes = static_cast<size_t>(-1);
     "stage through host memory). Where a rank cannot map it (a sandboxed "       \
     "runtime), every rank stages through host memory, with a warning naming "    \
     "that rank.")                                                               \
+  X(cuda_sync, "SMDDP_CUDA_SYNC", true, choice, "host", "host|device",                 \
+    "How the ranks of a node meet between the steps of a CUDA collective: "    \
+    "host (events, and rounds of the host threads) or device (flags written "  \
+    "and awaited by kernels on the stream: the host only enqueues, and a "     \
+    "collective can be captured in a CUDA graph).")                            \
+  X(cuda_batch_copies, "SMDDP_CUDA_BATCH_COPIES", false, bool, "0", "",                \
+    "Copy to or from every node peer at once, in one batch the copy engines "   \
+    "may run side by side (cudaMemcpyBatchAsync), instead of one copy after "  \
+    "another.")                                                               \
   X(debug_dump, "SMDDP_DEBUG_DUMP", false, string, "", "",                            \
     "Path prefix of a dump of each rank's last collectives (op, size, sequence " \
     "number, state, times), written to <prefix>.<group>.<rank>.json when a "     \
@@ -141,6 +177,8 @@ struct Config {
   int cuda_reduce_blocks = 0;
   std::string cuda_inter_node;
   bool cuda_ipc = true;
+  std::string cuda_sync;
+  bool cuda_batch_copies = false;
   std::string debug_dump;
 
   // Not knobs: how many ranks of the job run on this host and the fewest
@@ -164,6 +202,10 @@ struct Config {
   // Human-readable differences between two agreementString()s ("" if none):
   // "SMDDP_ALGO is 'ring' on one and 'auto' on the other".
   static std::string describeDifference(const std::string& a, const std::string& b);
+  // Collective over a group: every rank must run the same schedules, so
+  // their agreed settings must be equal. Throws Error(kConfig) on every
+  // rank, naming the two ranks and the knobs that differ.
+  void checkAgreement(Store& store, const std::string& key, int rank, int size) const;
 };
 
 struct KnobInfo {

@@ -68,6 +68,17 @@ const char* reduceOpName(ReduceOp op) {
   }
 }
 
+bool reduceOpByName(const std::string& name, ReduceOp* op) {
+  for (int i = 0; i < static_cast<int>(ReduceOp::kCount); ++i) {
+    const auto candidate = static_cast<ReduceOp>(i);
+    if (name == reduceOpName(candidate)) {
+      *op = candidate;
+      return true;
+    }
+  }
+  return false;
+}
+
 const char* collectiveName(CollectiveKind kind) {
   switch (kind) {
     case CollectiveKind::kAllGather:

@@ -44,6 +44,8 @@ enum class CollectiveKind : uint8_t {
 size_t elementSize(DataType t);
 const char* dataTypeName(DataType t);
 const char* reduceOpName(ReduceOp op);
+// The op named `name` ("SUM", "PREMUL_SUM"...); false if none is.
+bool reduceOpByName(const std::string& name, ReduceOp* op);
 const char* collectiveName(CollectiveKind kind);
 bool isFloating(DataType t);
 

@@ -7,6 +7,7 @@
 #include <torch/extension.h>
 
 #include "algorithm/reduce.h"
+#include "backend/conversions.h"
 #include "backend/device_path.h"
 #include "backend/fallback_factory.h"
 #include "backend/process_group_smddp.h"
@@ -75,13 +76,9 @@ smddp::DataType dataTypeOf(const at::Tensor& t) {
 }
 
 smddp::ReduceOp reduceOpFromName(const std::string& name) {
-  for (int i = 0; i < static_cast<int>(smddp::ReduceOp::kCount); ++i) {
-    auto op = static_cast<smddp::ReduceOp>(i);
-    if (name == smddp::reduceOpName(op)) {
-      return op;
-    }
-  }
-  TORCH_CHECK_VALUE(false, "smddp: unknown reduce op '", name, "'");
+  smddp::ReduceOp op = smddp::ReduceOp::kSum;
+  TORCH_CHECK_VALUE(smddp::reduceOpByName(name, &op), "smddp: unknown reduce op '", name, "'");
+  return op;
 }
 
 // Reduces tensors with smddp's kernels (tests compare them with torch).

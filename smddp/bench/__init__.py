@@ -33,7 +33,7 @@ __all__ = [
 
 def __getattr__(name: str):  # type: ignore[no-untyped-def]
     # The command's pieces import torch: loaded when asked for.
-    if name in ("main", "parse_run_args", "SweepSettings"):
+    if name in ("main", "parse_run_args"):
         from smddp.bench import cli
 
         return getattr(cli, name)

@@ -14,7 +14,6 @@ Calls are timed with a barrier before each (smddp.bench.timing), and checked.
 from __future__ import annotations
 
 import argparse
-import datetime
 import math
 import os
 import statistics
@@ -45,20 +44,16 @@ def main(ns: argparse.Namespace, argv: list[str]) -> int:
         print(f"{what}: need at least 2 emulated nodes of at least 2 ranks (got --nproc {world} "
               f"--emulated-nodes {nodes})")  # fmt: skip
         return 2
-    if ns.iters < 2:
-        print(f"{what}: -n must be at least 2")
-        return 2
     try:
-        sizes = tuple(parse_size_list(ns.calibrate_sizes))
-        chunk = parse_size(ns.chunk or os.environ.get("SMDDP_CHUNK_BYTES") or "1M")
+        chunk = ns.chunk_bytes or parse_size(os.environ.get("SMDDP_CHUNK_BYTES") or "1M")
     except ValueError as e:
-        print(f"{what}: {e}")
+        print(f"{what}: SMDDP_CHUNK_BYTES: {e}")
         return 2
     how = timing.Timing(timing.BARRIER_EACH, warmup=2, block_warmup=0, iters=ns.iters, rounds=1)
-    settings = CalibrationSettings(sizes, how, 120.0, chunk, ns.json, argv)
+    settings = CalibrationSettings(tuple(ns.calibrate_sizes), how, 120.0, chunk, ns.json, argv)
     rpn = world // nodes
     print(f"# {what}: {world} ranks = {nodes} emulated nodes x {rpn}, smddp, sizes "
-          f"{', '.join(format_size(s) for s in sizes)}\n# {how.describe()}", flush=True)
+          f"{', '.join(format_size(s) for s in settings.sizes)}\n# {how.describe()}", flush=True)
     with launch.Ranks(what) as ranks:
         ranks.spawn(run_rank, world, (settings,), {"SMDDP_RANKS_PER_NODE": str(rpn)})
         return ranks.wait(ns.timeout)
@@ -66,23 +61,17 @@ def main(ns: argparse.Namespace, argv: list[str]) -> int:
 
 def run_rank(s: CalibrationSettings, rank: int, world: int, init_method: str,
              local_rank: int) -> int:  # fmt: skip
-    import torch
     import torch.distributed as dist
 
-    import smddp  # noqa: F401  (registers the backend)
-    from smddp.bench.sweep import Buffers, TorchComm
+    from smddp.bench.sweep import Buffers, TorchComm, process_group
 
-    torch.set_num_threads(1)  # as in smddp.bench.sweep: no spinning OpenMP workers
     load_start = record.load_average()
-    timeout = datetime.timedelta(seconds=s.pg_timeout)
-    dist.init_process_group("gloo", init_method=init_method, rank=rank, world_size=world,
-                            timeout=timeout)  # fmt: skip
-    try:
+    with process_group(rank, world, init_method, s.pg_timeout) as timeout:
         rpn = int(os.environ["SMDDP_RANKS_PER_NODE"])
         pairs = {"shm": [0, 1], "socket": [0, rpn]}
         groups = {n: dist.new_group(r, backend="smddp", timeout=timeout) for n, r in pairs.items()}
         whole = dist.new_group(backend="smddp", timeout=timeout)
-        comm, cpu = TorchComm(dist.group.WORLD), torch.device("cpu")
+        comm = TorchComm(dist.group.WORLD)
         idle = SimpleNamespace(run=lambda: None, restore=lambda: None, poison=lambda: None,
                                wrong=lambda: 0)  # fmt: skip
 
@@ -92,7 +81,7 @@ def run_rank(s: CalibrationSettings, rank: int, world: int, init_method: str,
             geom = _ops.geometry(op, size, 4, n)
             case = idle
             if rank in members:
-                buf = Buffers(op, "float32", geom, "sum", 0, members.index(rank), n, cpu)
+                buf = Buffers(op, "float32", geom, "sum", 0, members.index(rank), n)
                 case = buf.case(buf.call(group))
             res = timing.measure({"smddp": case}, comm, s.timing)["smddp"]
             if res.status == "error" or res.wrong:
@@ -107,8 +96,6 @@ def run_rank(s: CalibrationSettings, rank: int, world: int, init_method: str,
             _report(s, world, rpn, pair, measured, load_start)
         dist.barrier()
         return 0
-    finally:
-        dist.destroy_process_group()
 
 
 def _report(s: CalibrationSettings, world: int, rpn: int, pair: dict[str, list],

@@ -12,43 +12,28 @@ smddp-bench render docs/performance.md        # the docs' tables from their reco
 from __future__ import annotations
 
 import argparse
+import importlib
 import os
 import sys
 import time
 
-from smddp.bench import cluster_run, launch, timing
+import torch
+
+from smddp.bench import cluster_run, launch, sweep, timing
 from smddp.bench import ops as _ops
-from smddp.bench.sweep import SweepSettings
-from smddp.bench.units import OP_ALIASES, HelpFormatter, choose, format_size, parse_size
-from smddp.bench.units import parse_size_list, size_range
+from smddp.bench.units import OP_ALIASES, HelpFormatter, SizeOptions, arg, at_least, choose
+from smddp.bench.units import format_size, positive
 
 DEFAULT_JSON = os.path.join("bench-results", "bench.json")
 DEFAULT_PLOT = os.path.join("bench-results", "bench.png")
-DEFAULT_MIN, DEFAULT_MAX, DEFAULT_FACTOR = "4K", "64M", 4.0
+SIZES = SizeOptions(minbytes="4K", maxbytes="64M", factor=4.0)
+TIMING_OPTIONS = ("policy", "warmup", "block_warmup", "iters", "time_per_point", "min_iters",
+                  "max_iters", "rounds")  # fmt: skip
 
 _KNOWN_BACKENDS = ("smddp", "gloo", "nccl", "ucc", "mpi", "xccl")
 # smddp:ring, smddp:hierarchical: smddp with SMDDP_ALGO set for that group,
 # so that schedules are compared interleaved in one run.
 SMDDP_ALGOS = ("auto", "ring", "hierarchical")
-
-
-def _arg(parse):  # type: ignore[no-untyped-def]
-    def wrapped(text: str):  # type: ignore[no-untyped-def]
-        try:
-            return parse(text)
-        except ValueError as e:
-            raise argparse.ArgumentTypeError(str(e)) from None
-
-    return wrapped
-
-
-def parse_ops(text: str) -> tuple[str, ...]:
-    """``"all"`` or a comma list of collectives (nccl-tests spellings accepted)."""
-    return choose(text, _ops.OPS, "op", OP_ALIASES)
-
-
-def parse_dtypes(text: str) -> tuple[str, ...]:
-    return choose(text, _ops.DTYPES, "dtype", _ops.DTYPE_ALIASES)
 
 
 def parse_backends(text: str, device: str) -> tuple[str, ...]:
@@ -77,12 +62,7 @@ def parse_backends(text: str, device: str) -> tuple[str, ...]:
 
 
 def _gpu_count() -> int:
-    try:
-        import torch
-
-        return torch.cuda.device_count() if torch.cuda.is_available() else 0
-    except Exception:
-        return 0
+    return torch.cuda.device_count() if torch.cuda.is_available() else 0
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -99,9 +79,9 @@ def build_parser() -> argparse.ArgumentParser:
         formatter_class=HelpFormatter,
     )
     g = p.add_argument_group("ranks")
-    g.add_argument("--nproc", type=int, default=None,
+    g.add_argument("--nproc", type=at_least(1),
                    help="ranks to launch (default: the GPUs of this host, or 4 without GPU)")
-    g.add_argument("--nodes", type=int, default=None,
+    g.add_argument("--nodes", type=at_least(1),
                    help="emulate this many nodes: SMDDP_RANKS_PER_NODE=nproc/nodes in the ranks "
                    "(default: SMDDP_RANKS_PER_NODE if set; else 2 without GPU when nproc is even "
                    "and >= 4; else 1)")
@@ -112,15 +92,12 @@ def build_parser() -> argparse.ArgumentParser:
                    "smddp,gloo on CPU, smddp,nccl on GPU); smddp:ring and smddp:hierarchical are "
                    "smddp with that SMDDP_ALGO")
     g = p.add_argument_group("what to run")
-    g.add_argument("--op", default=",".join(_ops.DEFAULT_OPS),
+    g.add_argument("--op", dest="ops", metavar="OP", default=",".join(_ops.DEFAULT_OPS),
+                   type=arg(lambda text: choose(text, _ops.OPS, "op", OP_ALIASES)),
                    help=f"comma list of {', '.join(_ops.OPS)}, or all")
-    g.add_argument("-b", "--minbytes", type=_arg(parse_size), help=f"smallest size [{DEFAULT_MIN}]")
-    g.add_argument("-e", "--maxbytes", type=_arg(parse_size), help=f"largest size [{DEFAULT_MAX}]")
-    g.add_argument("-f", "--stepfactor", type=float, help=f"size multiplier [{DEFAULT_FACTOR:g}]")
-    g.add_argument("-i", "--stepbytes", type=_arg(parse_size), help="size increment (instead of -f)")
-    g.add_argument("--sizes", type=_arg(parse_size_list),
-                   help="comma list of sizes instead of -b/-e/-f, e.g. 1M,16M")
-    g.add_argument("-d", "--dtype", default="float32",
+    SIZES.add(g)
+    g.add_argument("-d", "--dtype", dest="dtypes", metavar="DTYPE", default="float32",
+                   type=arg(lambda text: choose(text, _ops.DTYPES, "dtype", _ops.DTYPE_ALIASES)),
                    help=f"comma list of {', '.join(_ops.DTYPES)}")
     g.add_argument("-o", "--redop", default="sum", choices=_ops.REDOPS, help="reduction")
     g.add_argument("-r", "--root", type=int, default=0, help="root of broadcast")
@@ -129,29 +106,10 @@ def build_parser() -> argparse.ArgumentParser:
                    "rank's block of its output (FSDP2 gathers this way), ReduceScatter's output "
                    "is the rank's block of its input (AllReduce and broadcast are always in place)")
     g = p.add_argument_group("how long")
-    g.add_argument("--timing", choices=timing.POLICIES, default=timing.BACK_TO_BACK,
-                   help="back-to-back: each block's calls after one barrier (nccl-tests); "
-                   "barrier-each: a barrier before every call, each call a sample")
-    g.add_argument("-w", "--warmup", type=int, default=2,
-                   help="warm-up calls per backend and size")
-    g.add_argument("--block-warmup", type=int, default=3,
-                   help="untimed calls at the start of every timed block, so that neither "
-                   "backend's time includes re-warming what the other's block evicted; they come "
-                   "on top of --time-per-point (0: none, a block's first calls are timed)")
-    how = g.add_mutually_exclusive_group()
-    how.add_argument("-n", "--iters", type=int, default=None,
-                     help="timed calls per backend and size")
-    how.add_argument("--time-per-point", type=float, default=None,
-                     help="seconds per backend and size, instead of -n [0.3]")
-    g.add_argument("--min-iters", type=int, default=5,
-                   help="with a time budget: at least this many calls")
-    g.add_argument("--max-iters", type=int, default=20000,
-                   help="with a time budget: at most this many calls")
-    g.add_argument("--rounds", type=int, default=4,
-                   help="blocks each backend's calls are split into, alternating between backends")
-    g.add_argument("--timeout", type=float, default=1800.0,
+    timing.add_options(g, timing.Timing(), TIMING_OPTIONS)
+    g.add_argument("--timeout", type=positive, default=1800.0,
                    help="seconds the whole run may take before it is killed")
-    g.add_argument("--pg-timeout", type=float, default=120.0,
+    g.add_argument("--pg-timeout", type=positive, default=120.0,
                    help="seconds one collective may take")
     g = p.add_argument_group("output")
     g.add_argument("--json", default=DEFAULT_JSON, help="JSON record of every sample")
@@ -163,90 +121,61 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def resolve(ns: argparse.Namespace, parser: argparse.ArgumentParser, argv: list[str],
-            external_world: int | None = None) -> tuple[SweepSettings, int, int | None]:  # fmt: skip
-    """Checks the arguments; returns the settings, the world size and the
-    ranks per node to emulate (None: leave SMDDP_RANKS_PER_NODE alone)."""
+            external_world: int | None = None) -> tuple[argparse.Namespace, int, int | None]:
+    """Checks the arguments; returns the settings (``ns``, completed: what a
+    rank needs, picklable), the world size and the ranks per node to emulate
+    (None: leave SMDDP_RANKS_PER_NODE alone)."""
     gpus = _gpu_count()
-    device = ns.device if ns.device != "auto" else ("cuda" if gpus else "cpu")
-    if device == "cuda" and not gpus:
+    ns.device = ns.device if ns.device != "auto" else ("cuda" if gpus else "cpu")
+    if ns.device == "cuda" and not gpus:
         parser.error("--device cuda: this host has no usable CUDA GPU")
     try:
-        ops, dtypes = parse_ops(ns.op), parse_dtypes(ns.dtype)
-        backends = parse_backends(
-            ns.backends or ("smddp,nccl" if device == "cuda" else "smddp,gloo"), device
+        ns.backends = parse_backends(
+            ns.backends or ("smddp,nccl" if ns.device == "cuda" else "smddp,gloo"), ns.device
         )
-        ranged = [ns.minbytes, ns.maxbytes, ns.stepfactor, ns.stepbytes]
-        if ns.sizes is not None and any(v is not None for v in ranged):
-            raise ValueError("give either --sizes or -b/-e/-f/-i, not both")
-        given = lambda value, default: default if value is None else value  # noqa: E731
-        sizes = ns.sizes or size_range(
-            given(ns.minbytes, parse_size(DEFAULT_MIN)), given(ns.maxbytes, parse_size(DEFAULT_MAX)),
-            given(ns.stepfactor, DEFAULT_FACTOR), ns.stepbytes or 0,
-        )  # fmt: skip
+        ns.sizes = tuple(SIZES.parse(ns))
     except ValueError as e:
         parser.error(str(e))
     if external_world is not None and ns.nproc not in (None, external_world):
         parser.error(f"--nproc {ns.nproc} disagrees with WORLD_SIZE={external_world} set by the "
                      "launcher")  # fmt: skip
-    world = external_world or ns.nproc or (gpus if device == "cuda" else 4)
-    if ns.nproc is not None and ns.nproc < 1:
-        parser.error(f"--nproc must be at least 1, got {ns.nproc}")
+    world = external_world or ns.nproc or (gpus if ns.device == "cuda" else 4)
     rpn: int | None = None
     if ns.nodes is not None:
-        if ns.nodes < 1 or world % ns.nodes:
+        if world % ns.nodes:
             parser.error(f"--nodes {ns.nodes} does not divide {world} ranks into equal nodes")
         rpn = world // ns.nodes
     elif external_world is None and not os.environ.get("SMDDP_RANKS_PER_NODE"):
-        rpn = world // 2 if device == "cpu" and world >= 4 and world % 2 == 0 else world
+        rpn = world // 2 if ns.device == "cpu" and world >= 4 and world % 2 == 0 else world
     if not 0 <= ns.root < world:
         parser.error(f"--root {ns.root} is not a rank of {world}")
-    for name in ("warmup", "block_warmup", "min_iters", "max_iters", "rounds"):
-        if getattr(ns, name) < (0 if name in ("warmup", "block_warmup") else 1):
-            parser.error(f"--{name.replace('_', '-')} is too small: {getattr(ns, name)}")
-    if ns.iters is not None and ns.iters < 1:
-        parser.error(f"-n must be at least 1, got {ns.iters}")
-    if ns.time_per_point is not None and ns.time_per_point <= 0:
-        parser.error(f"--time-per-point must be positive, got {ns.time_per_point}")
-    if ns.min_iters > ns.max_iters:
-        parser.error("--min-iters is above --max-iters")
-    if ns.timeout <= 0 or ns.pg_timeout <= 0:
-        parser.error("timeouts must be positive")
-    how = timing.Timing(ns.timing, ns.warmup, ns.block_warmup, ns.iters, ns.time_per_point or 0.3,
-                        ns.min_iters, ns.max_iters, ns.rounds)  # fmt: skip
-    settings = SweepSettings(
-        ops=ops, dtypes=dtypes, sizes=tuple(sizes), redop=ns.redop, root=ns.root,
-        inplace=ns.inplace, backends=backends, device=device, timing=how,
-        pg_timeout=ns.pg_timeout, json_path=None if ns.no_save else (ns.json or None),
-        plot_path=None if ns.no_save else (ns.plot or None), progress=not ns.no_progress,
-        launcher="external" if external_world is not None else "spawn",
-        argv=["smddp-bench", *argv],
-    )  # fmt: skip
-    return settings, world, rpn
+    ns.timing = timing.from_options(ns, timing.Timing(), parser)
+    ns.json, ns.plot = (None, None) if ns.no_save else (ns.json or None, ns.plot or None)
+    ns.launcher = "external" if external_world is not None else "spawn"
+    ns.argv = ["smddp-bench", *argv]
+    return ns, world, rpn
 
 
-def parse_run_args(argv: list[str]) -> tuple[SweepSettings, int, int | None]:
+def parse_run_args(argv: list[str]) -> tuple[argparse.Namespace, int, int | None]:
     """The settings a command line asks for (SystemExit(2) with a message if
     it is wrong), as if smddp-bench spawned the ranks itself."""
     parser = build_parser()
     return resolve(parser.parse_args(argv), parser, argv)
 
 
-def describe(s: SweepSettings, world: int, rpn: int | None) -> str:
+def describe(s: argparse.Namespace, world: int, rpn: int | None) -> str:
     """The header of a run: what runs where, and how it is timed."""
     rpn = rpn or int(os.environ.get("SMDDP_RANKS_PER_NODE") or 0) or None
     nodes = -(-world // rpn) if rpn else None
     shape = f"{world} ranks" + (f" = {nodes} nodes x {rpn}" if nodes and nodes > 1 else "")
     span = (format_size(s.sizes[0]) if len(s.sizes) == 1 else
             f"{format_size(s.sizes[0])}..{format_size(s.sizes[-1])} ({len(s.sizes)} sizes)")
-    facts = "".join(f"\n# {k}: {v}" for k, v in s.facts.items())
     return (f"# smddp-bench: {shape} on {s.device}; {' vs '.join(s.backends)}; "
-            f"{', '.join(s.ops)}; {', '.join(s.dtypes)}; {span}{facts}\n# {s.timing.describe()}")
+            f"{', '.join(s.ops)}; {', '.join(s.dtypes)}; {span}\n# {s.timing.describe()}")
 
 
 def run(argv: list[str]) -> int:
     """The benchmark sweep (the default command)."""
-    from smddp.bench import sweep
-
     parser = build_parser()
     ns = parser.parse_args(argv)
     if ns.cluster:
@@ -275,34 +204,28 @@ def run(argv: list[str]) -> int:
     return code
 
 
-def _step(argv: list[str]) -> int:
-    try:
-        from smddp.bench import step
-    except ModuleNotFoundError as e:
-        if e.name != "smddp.bench.step":
-            raise
-        print("smddp-bench step: the FSDP step benchmark is not available in this installation "
-              "(the module smddp.bench.step is missing)", file=sys.stderr)  # fmt: skip
-        return 2
-    return int(step.main(argv) or 0)
+# The other commands: the module whose main runs it, and what main takes besides argv.
+COMMANDS: dict[str, tuple[str, dict]] = {
+    "model": ("smddp.bench.model", {}),
+    "calibrate": ("smddp.bench.model", {"prog": "smddp-bench calibrate", "calibrate": True}),
+    "step": ("smddp.bench.step", {}),
+    "render": ("smddp.bench.render", {}),
+}
 
 
 def main(argv: list[str] | None = None) -> int:
     """Entry point of ``smddp-bench`` and ``python -m smddp.bench``."""
     args = list(sys.argv[1:] if argv is None else argv)
-    command = args[0] if args else ""
-    if command == "model":
-        from smddp.bench import model
-
-        return model.main(args[1:])
-    if command == "calibrate":
-        from smddp.bench import model
-
-        return model.main(args[1:], prog="smddp-bench calibrate", calibrate=True)
-    if command == "step":
-        return _step(args[1:])
-    if command == "render":
-        from smddp.bench import render
-
-        return render.main(args[1:])
-    return run(args[1:] if command == "run" else args)
+    name = args[0] if args else ""
+    if name not in COMMANDS:
+        return run(args[1:] if name == "run" else args)
+    module, kwargs = COMMANDS[name]
+    try:
+        command = importlib.import_module(module)
+    except ModuleNotFoundError as e:
+        if e.name != module:
+            raise
+        print(f"smddp-bench {name}: not available in this installation (the module {module} is "
+              "missing)", file=sys.stderr)  # fmt: skip
+        return 2
+    return int(command.main(args[1:], **kwargs) or 0)

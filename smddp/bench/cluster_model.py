@@ -32,14 +32,15 @@ from dataclasses import asdict
 from types import SimpleNamespace
 from typing import Any
 
-from smddp.bench import cluster_run, launch, links, record, table, timing, views
+from smddp.bench import cluster_run, launch, links, record, table, timing
 from smddp.bench import model as _model
 from smddp.bench import ops as _ops
 from smddp.bench.table import Column
-from smddp.bench.units import format_size, parse_size_list
+from smddp.bench.units import SizeOptions, format_size, parse_size_list
 
 SCHEDULES = ("ring", "hierarchical")
-DEFAULT_SIZES = "4M,16M,64M"
+# The sizes of the measured points, unless --sizes or -b/-e/-f/-i say otherwise.
+SIZES = SizeOptions(sizes="4M,16M,64M", minbytes="4M", maxbytes="64M", factor=4.0)
 # The pair AllGathers of the calibration (nccl-tests sizes: one step of half).
 CALIBRATION_SIZES = "1M,4M,16M,32M"
 
@@ -88,13 +89,13 @@ def rows(rec: dict[str, Any]) -> list[dict[str, Any]]:
 
 
 def _cols() -> tuple[list[Column], list[tuple[str, int]]]:
-    cols = [Column("op", left=True), Column("size", "(B)"), Column("limit", "(us)", "{:.1f}")]
-    for _ in SCHEDULES:
-        cols += [Column("measured", "(us)", "{:.1f}"), Column("model", "(us)", "{:.1f}"),
-                 Column("error", "(%)", "{:+.0f}")]  # fmt: skip
-    cols += [Column("measured", "", "{:.2f}"), Column("model", "", "{:.2f}")]
-    groups = [("", 3), ("flat ring", 3), ("hierarchical", 3), ("ring / hierarchical", 2)]
-    return cols, groups
+    block = [Column("measured", "(us)", "{:.1f}"), Column("model", "(us)", "{:.1f}"),
+             Column("error", "(%)", "{:+.0f}")]  # fmt: skip
+    return table.grouped(
+        ("", [Column("op", left=True), Column("size", "(B)"), Column("limit", "(us)", "{:.1f}")]),
+        ("flat ring", block), ("hierarchical", block),
+        ("ring / hierarchical", [Column("measured", "", "{:.2f}"), Column("model", "", "{:.2f}")]),
+    )  # fmt: skip
 
 
 def _values(r: dict[str, Any]) -> list[Any]:
@@ -116,7 +117,7 @@ def text(rec: dict[str, Any]) -> str:
             + "\n# error = (model - measured) / measured; " + links.RULE)  # fmt: skip
 
 
-def markdown(rec: dict[str, Any], **_: str) -> str:
+def markdown(rec: dict[str, Any]) -> tuple[str, str]:
     cols, groups = _cols()
     facts = rec["topology"]["facts"]
     c = rec["constants"]
@@ -126,26 +127,26 @@ def markdown(rec: dict[str, Any], **_: str) -> str:
             f"across, {c['nvlink_gbs']:.2f} GB/s inside a host (fitted on the cluster: "
             f"{'; '.join(f['label'] for f in rec['fits'].values())}); error = (model - measured) / "
             f"measured; {links.RULE}")  # fmt: skip
-    return (table.markdown(cols, [_values(r) for r in rows(rec)], groups) + "\n\n"
-            + views.footer(rec, note))  # fmt: skip
+    return table.markdown(cols, [_values(r) for r in rows(rec)], groups), note
 
 
 # -- the command ---------------------------------------------------------------
 
 
-def main(ns: argparse.Namespace, parser: argparse.ArgumentParser, argv: list[str], sizes: list[int],
-         ops: tuple[str, ...]) -> int:  # fmt: skip
+def main(ns: argparse.Namespace, parser: argparse.ArgumentParser, argv: list[str]) -> int:
     """``smddp-bench model --preset cluster``: the launching side, or one rank."""
     from smddp.cluster import ClusterError
 
     ns.cluster = ns.cluster or "2x2"
-    if not (ns.sizes or ns.minbytes or ns.maxbytes):
-        sizes = parse_size_list(DEFAULT_SIZES)
+    try:
+        sizes = SIZES.parse(ns)
+    except ValueError as e:
+        parser.error(str(e))
     hosts, per_host = cluster_run.check_arguments(ns, parser, sweep=False)
     if hosts < 2 or per_host < 2:
         parser.error("--preset cluster: calibrating needs at least 2 hosts of 2 ranks (--cluster 2x2)")
     if launch.launched_externally():
-        return _rank(ns, argv, sizes, ops)
+        return _rank(ns, argv, sizes, ns.op)
     say = lambda msg: print(f"# {msg}", file=sys.stderr, flush=True)  # noqa: E731
     try:
         c, made = cluster_run.obtain(ns, hosts, per_host, say)

@@ -20,7 +20,8 @@ each backend's fraction of it, and the JSON record keeps all of it in
 
 The step benchmark drives its ranks through pipes from one process, so its
 ranks are spawned as always and each enters its host's namespaces (network,
-UTS, mount) before it imports torch.
+UTS, mount) first thing, while it runs a single thread (before any group or
+thread pool of torch exists).
 
 Needs what smddp-cluster needs: root (or CAP_NET_ADMIN and CAP_SYS_ADMIN),
 iproute2 and util-linux.
@@ -40,6 +41,7 @@ import time
 from typing import IO, Any, Callable
 
 from smddp.bench import launch, links
+from smddp.bench.units import at_least
 
 CLUSTER_ENV = "SMDDP_BENCH_CLUSTER"  # the cluster's facts (JSON), for the ranks
 LAUNCHER = "smddp-cluster"
@@ -54,7 +56,7 @@ def add_arguments(p: argparse.ArgumentParser, nics: bool = True) -> None:
                    "cluster that is up or bringing up `smddp-cluster up --hosts H --nics K --rate "
                    "RATE`")  # fmt: skip
     if nics:
-        g.add_argument("--nics", type=int, help="NICs per host [the cluster that is up, else R]")
+        g.add_argument("--nics", type=at_least(1), help="NICs per host [the cluster that is up, else R]")
     g.add_argument("--rate",
                    help="each NIC's rate per direction, as tc writes it: 1gbit, 100mbit; none: "
                    "unshaped [the cluster that is up, else none]")  # fmt: skip
@@ -83,8 +85,6 @@ def check_arguments(ns: argparse.Namespace, parser: argparse.ArgumentParser,
         parser.error("--nodes emulates nodes on one host; with --cluster every host is a node")
     if sweep and ns.nproc not in (None, hosts * per_host):
         parser.error(f"--nproc {ns.nproc} disagrees with --cluster {ns.cluster} ({hosts * per_host} ranks)")
-    if ns.nics is not None and ns.nics < 1:
-        parser.error(f"--nics must be at least 1, got {ns.nics}")
     return hosts, per_host
 
 
@@ -269,7 +269,7 @@ def _sweep_rank(ns: argparse.Namespace, parser: argparse.ArgumentParser, argv: l
     if not facts:
         parser.error(f"--cluster under a launcher: {CLUSTER_ENV} is not set; start it without "
                      "torchrun, smddp-bench starts one per host")  # fmt: skip
-    settings = dataclasses.replace(settings, launcher=LAUNCHER, facts=facts, progress=False)
+    settings.launcher, settings.facts, settings.no_progress = LAUNCHER, facts, True
     return sweep.run_rank(settings, int(os.environ["RANK"]), world, "env://",
                           int(os.environ.get("LOCAL_RANK", "0")))  # fmt: skip
 
@@ -305,8 +305,9 @@ _CLONE_NEWNS, _CLONE_NEWUTS, _CLONE_NEWNET = 0x00020000, 0x04000000, 0x40000000
 
 
 def enter_host(paths: dict[str, str]) -> None:
-    """Moves this process (single-threaded, before it imports torch) into a
-    host's network, UTS and mount namespaces, keeping its working directory."""
+    """Moves this process (single-threaded: the kernel refuses a mount
+    namespace to a process with threads) into a host's network, UTS and mount
+    namespaces, keeping its working directory."""
     threads = len(os.listdir("/proc/self/task"))
     if threads != 1:
         raise RuntimeError(f"cannot enter a host with {threads} threads running (set {SPAWN_ENV})")
@@ -360,9 +361,10 @@ def in_hosts(entry: Callable[..., int], where: HostLayout) -> Callable[..., int]
     return functools.partial(_in_host, where, entry)
 
 
-# Spawned ranks enter their host before importing torch, single-threaded:
-# numpy's OpenBLAS must not start its threads at import (smddp.bench imports
-# numpy), or the kernel refuses to move the process into a mount namespace.
+# Spawned ranks enter their host first thing, single-threaded: numpy's
+# OpenBLAS must not start its threads at import (a rank imports numpy and
+# torch as it unpickles its entry), or the kernel refuses to move the process
+# into a mount namespace.
 SPAWN_ENV = {"OPENBLAS_NUM_THREADS": "1"}
 
 

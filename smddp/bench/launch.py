@@ -13,6 +13,7 @@ deadline, stops every other one, with a message instead of a hang.
 
 from __future__ import annotations
 
+import contextlib
 import multiprocessing as mp
 import multiprocessing.connection
 import os
@@ -23,7 +24,7 @@ import sys
 import tempfile
 import time
 import traceback
-from typing import Any, Callable, Sequence
+from typing import Any, Callable, Iterator, Sequence
 
 EXIT_TIMEOUT = 124
 EXIT_WRONG = 3  # a rank that measured wrong results; not a failure of the run
@@ -32,6 +33,18 @@ EXIT_WRONG = 3  # a rank that measured wrong results; not a failure of the run
 def launched_externally() -> bool:
     """Whether a launcher already started this process as one rank."""
     return "RANK" in os.environ and "WORLD_SIZE" in os.environ
+
+
+@contextlib.contextmanager
+def environ(changes: dict[str, str]) -> Iterator[None]:
+    """This process's environment with ``changes``, restored on the way out."""
+    saved = dict(os.environ)
+    os.environ.update(changes)
+    try:
+        yield
+    finally:
+        os.environ.clear()
+        os.environ.update(saved)
 
 
 def free_port() -> int:
@@ -69,16 +82,11 @@ def kill_tree(pids: Sequence[int], sessions: Sequence[int] = ()) -> None:
         if sig == signal.SIGKILL:  # stopped processes cannot fork: look again for late children
             victims += [d for pid in pids for d in descendants(pid) if d not in victims]
             for pgid in sessions:
-                _kill(pgid, sig, os.killpg)
+                with contextlib.suppress(OSError):
+                    os.killpg(pgid, sig)
         for pid in victims:
-            _kill(pid, sig)
-
-
-def _kill(pid: int, sig: int, how: Callable[[int, int], None] = os.kill) -> None:
-    try:
-        how(pid, sig)
-    except OSError:
-        pass
+            with contextlib.suppress(OSError):
+                os.kill(pid, sig)
 
 
 def _child(entry: Callable[..., int], rank: int, world: int, init_method: str, args: tuple,
@@ -132,9 +140,8 @@ class Ranks:
         os.unlink(init_file)
         self._files.append(init_file)
         ctx = mp.get_context("spawn")
-        saved = dict(os.environ)
-        os.environ.update({"PYTHONUNBUFFERED": "1", **(env or {})})  # the ranks copy it at start
-        try:
+        # The ranks copy this process's environment when they start.
+        with environ({"PYTHONUNBUFFERED": "1", **(env or {})}):
             for rank in range(world):
                 parent, child = ctx.Pipe() if pipes else (None, None)
                 p = ctx.Process(target=_child, name=f"{self.what}-rank{rank}", daemon=True,
@@ -144,9 +151,6 @@ class Ranks:
                 if pipes:
                     child.close()
                     self.conns.append(parent)
-        finally:
-            os.environ.clear()
-            os.environ.update(saved)
 
     def command(self, argv: list[str], env: dict[str, str], log: str, label: str,
                 cwd: str | None = None) -> None:  # fmt: skip
@@ -206,7 +210,8 @@ class Ranks:
         answers: list[Any] = [None] * len(self.conns)
         pending = dict(enumerate(self.conns))
         while pending:
-            ready = mp.connection.wait(list(pending.values()), max(0.0, deadline - time.monotonic()))
+            left = max(0.0, deadline - time.monotonic())
+            ready = mp.connection.wait(list(pending.values()), left)
             if not ready:
                 raise RankError(f"{self.what}: {what}: ranks {sorted(pending)} silent for "
                                 f"{timeout:.0f} s")  # fmt: skip
@@ -232,12 +237,8 @@ class Ranks:
             kill_tree(live, sessions)
         self._swept = not live
         for _, p in self.procs:
-            try:
+            with contextlib.suppress(subprocess.TimeoutExpired):
                 p.wait(timeout=10) if isinstance(p, subprocess.Popen) else p.join(timeout=10)
-            except subprocess.TimeoutExpired:
-                pass
         for path in self._files:
-            try:
+            with contextlib.suppress(OSError):
                 os.unlink(path)
-            except OSError:
-                pass

@@ -77,11 +77,9 @@ _BLOCK = [Column("time", "(us)", "{:.1f}", 10), Column("algbw", "(GB/s)", "{:.3f
 
 
 def _columns(backends: Sequence[str]) -> tuple[list[Column], list[tuple[str, int]]]:
-    pairs = views.rivals(backends)
-    cols = _LEFT + _BLOCK * len(backends)
-    cols += [Column("ratio", f"{a}/{b}", "{:.2f}", max(11, len(a + b) + 1)) for a, b in pairs]
-    groups = [("", len(_LEFT))] + [(b, len(_BLOCK)) for b in backends]
-    return cols, groups + ([("", len(pairs))] if pairs else [])
+    ratios = [Column("ratio", f"{a}/{b}", "{:.2f}", max(11, len(a + b) + 1))
+              for a, b in views.rivals(backends)]  # fmt: skip
+    return table.grouped(("", _LEFT), *((b, _BLOCK) for b in backends), ("", ratios))
 
 
 class LinksView:
@@ -147,16 +145,16 @@ def rank_nics(facts: dict[str, Any]) -> str:
                      else "(no smddp group)") for n in nics)  # fmt: skip
 
 
-def sweep_markdown(rec: dict[str, Any], **_: str) -> str:
+def sweep_markdown(rec: dict[str, Any]) -> tuple[str, str]:
     facts = rec["topology"]["facts"]
     backends = rec["settings"]["backends"]
     pairs = views.rivals(backends)
-    cols = [Column("op", left=True), Column("type", left=True), Column("size"),
-            Column("limit", "µs", "{:.1f}")]  # fmt: skip
-    cols += [Column("time", "µs", "{:.1f}"), Column("busbw", "GB/s", "{:.3f}"),
-             Column("of limit")] * len(backends)  # fmt: skip
-    cols += [Column(f"{a}/{b}", fmt="{:.2f}") for a, b in pairs]
-    groups = [("", 4)] + [(b, 3) for b in backends] + ([("busbw", len(pairs))] if pairs else [])
+    block = [Column("time", "µs", "{:.1f}"), Column("busbw", "GB/s", "{:.3f}"), Column("of limit")]
+    cols, groups = table.grouped(
+        ("", [Column("op", left=True), Column("type", left=True), Column("size"),
+              Column("limit", "µs", "{:.1f}")]),
+        *((b, block) for b in backends), ("busbw", [Column(f"{a}/{b}", fmt="{:.2f}")
+                                                    for a, b in pairs]))  # fmt: skip
     rows = []
     for point in views.by_point(rec["results"]):
         first = next(iter(point.values()))
@@ -171,11 +169,12 @@ def sweep_markdown(rec: dict[str, Any], **_: str) -> str:
     note = (f"{describe_cluster(facts)} (`smddp-cluster`, one torchrun per host); each rank's NIC: "
             f"{rank_nics(facts)}; {RULE}; of limit = limit / time; busbw in GB/s (nccl-tests' "
             f"definitions, GB = 1e9); ratios of busbw; #wrong {rec['summary']['wrong']}")  # fmt: skip
-    return table.markdown(cols, rows, groups) + "\n\n" + views.footer(rec, note)
+    return table.markdown(cols, rows, groups), note
 
 
-def markdown_view(rec: dict[str, Any]) -> Callable[..., str] | None:
-    """The markdown of records this module knows (smddp-bench render), else None."""
+def markdown_view(rec: dict[str, Any]) -> Callable[[dict[str, Any]], tuple[str, str]] | None:
+    """The table and sentence of the records this module knows, for
+    ``views.markdown`` (smddp-bench render); None for the others."""
     if rec.get("kind") == "sweep" and rec.get("topology", {}).get("launcher") == "smddp-cluster":
         return sweep_markdown
     if rec.get("kind") == "cluster-model":

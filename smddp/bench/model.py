@@ -20,8 +20,8 @@ import numpy as np
 
 from smddp.bench import ops as _ops
 from smddp.bench import cluster_run, record, views
-from smddp.bench.units import HelpFormatter, choose, format_size, parse_size, parse_size_list
-from smddp.bench.units import size_range
+from smddp.bench.units import HelpFormatter, SizeOptions, arg, at_least, choose, format_size
+from smddp.bench.units import parse_counts, parse_size, parse_size_list, positive
 
 MODEL_OPS = ("all_gather", "reduce_scatter", "all_reduce")
 
@@ -77,54 +77,35 @@ def _check(op: str, nodes: int, m: Machine) -> None:
         raise ValueError("nodes and GPUs per node must be at least 1")
 
 
-def _ring_one_way(size: float, nodes: int, m: Machine) -> float:
-    g = m.gpus_per_node
-    p = nodes * g
-    if p == 1:
-        return 0.0
-    block = size / p
-    beta = m.nvlink_gbs if nodes == 1 else min(m.nvlink_gbs, min(m.channels, g) * m.nic_share_gbs)
-    latency = (p - nodes) * m.alpha_intra_us * 1e-6 + (nodes - 1) * m.alpha_inter_us * 1e-6
-    return latency + (p - 1) * block / (beta * 1e9)
-
-
-def stage_times(size: float, nodes: int, m: Machine) -> dict[str, float]:
-    """Latency and transfer parts (seconds) of the rail and node stages of
-    smddp's AllGather (ReduceScatter: the same, in the other order)."""
-    g = m.gpus_per_node
-    block = size / (nodes * g)
-    return {
-        "rail_latency": (nodes - 1) * m.alpha_inter_us * 1e-6,
-        "rail_transfer": (nodes - 1) * block / (m.nic_share_gbs * 1e9),
-        "node_latency": (g - 1) * m.alpha_intra_us * 1e-6,
-        "node_transfer": (g - 1) * nodes * block / (m.nvlink_gbs * 1e9),
-    }
-
-
 def pipeline_chunks(size: float, m: Machine) -> int:
     return max(1, math.ceil(size / m.gpus_per_node / m.chunk_bytes))
-
-
-def _hier_one_way(size: float, nodes: int, m: Machine) -> float:
-    st = stage_times(size, nodes, m)
-    rail = st["rail_latency"] + st["rail_transfer"]
-    node = st["node_latency"] + st["node_transfer"]
-    k = pipeline_chunks(size, m)
-    if rail >= node:
-        return rail + st["node_latency"] + st["node_transfer"] / k
-    return node + st["rail_latency"] + st["rail_transfer"] / k
 
 
 def ring_time(op: str, size: float, nodes: int, m: Machine) -> float:
     """Seconds of the flat ring for ``op`` on ``size`` bytes (nccl-tests size)."""
     _check(op, nodes, m)
-    return _ring_one_way(size, nodes, m) * (2 if op == "all_reduce" else 1)
+    g = m.gpus_per_node
+    p = nodes * g
+    beta = m.nvlink_gbs if nodes == 1 else min(m.nvlink_gbs, min(m.channels, g) * m.nic_share_gbs)
+    latency = (p - nodes) * m.alpha_intra_us * 1e-6 + (nodes - 1) * m.alpha_inter_us * 1e-6
+    one_way = latency + (p - 1) * size / p / (beta * 1e9) if p > 1 else 0.0
+    return one_way * (2 if op == "all_reduce" else 1)
 
 
 def hierarchical_time(op: str, size: float, nodes: int, m: Machine) -> float:
-    """Seconds of smddp's rail-aligned, pipelined schedule."""
+    """Seconds of smddp's rail-aligned, pipelined schedule: AllGather's rail
+    stage, then its node stage (ReduceScatter: the other order), chunks in a
+    pipeline, so the slower stage plus the faster one's latency and last chunk."""
     _check(op, nodes, m)
-    return _hier_one_way(size, nodes, m) * (2 if op == "all_reduce" else 1)
+    g = m.gpus_per_node
+    block = size / (nodes * g)
+    # (latency, transfer) of each stage: every GPU over its own rail's NIC
+    # share; the node's NVSwitch ring, N blocks per step.
+    rail = ((nodes - 1) * m.alpha_inter_us * 1e-6, (nodes - 1) * block / (m.nic_share_gbs * 1e9))
+    node = ((g - 1) * m.alpha_intra_us * 1e-6, (g - 1) * nodes * block / (m.nvlink_gbs * 1e9))
+    slow, fast = (rail, node) if sum(rail) >= sum(node) else (node, rail)
+    one_way = sum(slow) + fast[0] + fast[1] / pipeline_chunks(size, m)
+    return one_way * (2 if op == "all_reduce" else 1)
 
 
 @dataclass(frozen=True)
@@ -171,8 +152,22 @@ def fit_alpha_beta(nbytes: Sequence[float], seconds: Sequence[float]) -> tuple[f
 
 # -- the command ---------------------------------------------------------------
 
-_CONSTANTS = ("gpus_per_node", "nvlink_gbs", "nics", "nic_gbps", "net_efficiency", "node_gbps",
-              "alpha_intra_us", "alpha_inter_us", "ring_channels")  # fmt: skip
+# The options of the constants that override the preset: Machine field -> type, help.
+_CONSTANTS: dict[str, tuple[Any, str]] = {
+    "gpus_per_node": (at_least(1), "GPUs per node"),
+    "nvlink_gbs": (positive, "GB/s per GPU per direction inside a node"),
+    "nics": (at_least(1), "NICs per node"),
+    "nic_gbps": (positive, "line rate of one NIC, Gb/s"),
+    "net_efficiency": (positive, "achieved fraction of the NICs' line rate"),
+    "node_gbps": (positive,
+                  "effective network Gb/s of a node (instead of nics x rate x efficiency)"),
+    "alpha_intra_us": (at_least(0, float), "latency of a ring step inside a node, us"),
+    "alpha_inter_us": (at_least(0, float), "latency of a ring step across nodes, us"),
+    "ring_channels": (at_least(0),
+                      "rings the flat ring runs side by side (0, the default: GPUs per node)"),
+    "chunk_bytes": (at_least(1, parse_size), "smddp's pipeline chunk [1M]"),
+}  # fmt: skip
+SIZES = SizeOptions(sizes="64M,256M", minbytes="64M", maxbytes="256M", factor=2.0)
 
 
 def build_parser(prog: str = "smddp-bench model") -> argparse.ArgumentParser:
@@ -186,26 +181,17 @@ def build_parser(prog: str = "smddp-bench model") -> argparse.ArgumentParser:
     )
     p.add_argument("--preset", choices=[*sorted(PRESETS), "cluster"], default="p4d",
                    help="machine; cluster: the cluster of namespaces smddp-cluster makes, "
-                   "calibrated and measured on it (smddp.bench.cluster_model)")
-    p.add_argument("--nodes", default="16,128", help="comma list of node counts")
-    p.add_argument("--sizes", help="comma list of sizes (nccl-tests definition) [64M,256M]")
-    p.add_argument("-b", "--minbytes", help="smallest size, instead of --sizes")
-    p.add_argument("-e", "--maxbytes", help="largest size")
-    p.add_argument("-f", "--stepfactor", type=float, default=2.0, help="size multiplier")
-    p.add_argument("--op", default=",".join(MODEL_OPS), help=f"comma list of {', '.join(MODEL_OPS)}")
+                   "calibrated and measured on it, at 4M,16M,64M unless sizes are given "
+                   "(smddp.bench.cluster_model)")
+    p.add_argument("--nodes", type=arg(parse_counts), default="16,128",
+                   help="comma list of node counts")
+    SIZES.add(p)
+    p.add_argument("--op", type=arg(lambda text: choose(text, MODEL_OPS, "op for the model")),
+                   default=",".join(MODEL_OPS), help=f"comma list of {', '.join(MODEL_OPS)}")
     g = p.add_argument_group("constants (override the preset)")
-    g.add_argument("--gpus-per-node", type=int)
-    g.add_argument("--nvlink-gbs", type=float, help="GB/s per GPU per direction inside a node")
-    g.add_argument("--nics", type=int, help="NICs per node")
-    g.add_argument("--nic-gbps", type=float, help="line rate of one NIC, Gb/s")
-    g.add_argument("--net-efficiency", type=float, help="achieved fraction of the NICs' line rate")
-    g.add_argument("--node-gbps", type=float,
-                   help="effective network Gb/s of a node (instead of nics x rate x efficiency)")
-    g.add_argument("--alpha-intra-us", type=float, help="latency of a ring step inside a node, us")
-    g.add_argument("--alpha-inter-us", type=float, help="latency of a ring step across nodes, us")
-    g.add_argument("--ring-channels", type=int,
-                   help="rings the flat ring runs side by side (default: GPUs per node)")
-    g.add_argument("--chunk", help="smddp's pipeline chunk [1M]")
+    for name, (kind, text) in _CONSTANTS.items():
+        flag = "--chunk" if name == "chunk_bytes" else "--" + name.replace("_", "-")
+        g.add_argument(flag, dest=name, type=kind, help=text)
     g = p.add_argument_group("calibration on this host")
     g.add_argument("--calibrate", action="store_true",
                    help="measure smddp here, fit alpha and beta of shared memory (inside a node) "
@@ -214,31 +200,14 @@ def build_parser(prog: str = "smddp-bench model") -> argparse.ArgumentParser:
     g.add_argument("--nproc", type=int, default=4, help="ranks for --calibrate")
     g.add_argument("--emulated-nodes", type=int, default=2,
                    help="emulated nodes for --calibrate (at least 2)")
-    g.add_argument("--calibrate-sizes", default="4K,16K,64K,256K,1M,4M,16M",
-                   help="sizes for --calibrate")
-    g.add_argument("-n", "--iters", type=int, default=10,
+    g.add_argument("--calibrate-sizes", type=arg(parse_size_list),
+                   default="4K,16K,64K,256K,1M,4M,16M", help="sizes for --calibrate")
+    g.add_argument("-n", "--iters", type=at_least(2), default=10,
                    help="timed calls per size for --calibrate")
-    g.add_argument("--timeout", type=float, default=900.0, help="seconds --calibrate may take")
+    g.add_argument("--timeout", type=positive, default=900.0, help="seconds --calibrate may take")
     p.add_argument("--json", help="write the estimates (or the calibration) to this file")
     cluster_run.add_arguments(p, nics=False)
     return p
-
-
-def machine_from_args(ns: argparse.Namespace) -> Machine:
-    overrides: dict[str, Any] = {k: getattr(ns, k) for k in _CONSTANTS if getattr(ns, k) is not None}
-    if ns.chunk is not None:
-        overrides["chunk_bytes"] = parse_size(ns.chunk)
-    m = replace(PRESETS[ns.preset], **overrides)
-    for what, value in (("--gpus-per-node", m.gpus_per_node), ("--nics", m.nics),
-                        ("--chunk", m.chunk_bytes)):  # fmt: skip
-        if value < 1:
-            raise ValueError(f"{what} must be at least 1")
-    for what, value in (("--nvlink-gbs", m.nvlink_gbs), ("network bandwidth", m.node_net_gbps)):
-        if not value > 0:
-            raise ValueError(f"{what} must be positive")
-    if m.alpha_intra_us < 0 or m.alpha_inter_us < 0 or m.ring_channels < 0:
-        raise ValueError("latencies and ring channels cannot be negative")
-    return m
 
 
 def describe(m: Machine) -> str:
@@ -259,46 +228,32 @@ def describe(m: Machine) -> str:
     ])  # fmt: skip
 
 
-def format_table(estimates: Sequence[Estimate]) -> str:
-    return views.model_table([asdict(e) for e in estimates])
-
-
 def main(argv: list[str], prog: str = "smddp-bench model", calibrate: bool = False) -> int:
     """``smddp-bench model`` (and ``smddp-bench calibrate``)."""
     parser = build_parser(prog)
     ns = parser.parse_args(argv)
-    ns.calibrate = ns.calibrate or calibrate
-    try:
-        m = machine_from_args(ns) if ns.preset != "cluster" else None
-        nodes = [int(x) for x in ns.nodes.split(",") if x.strip()]
-        if not nodes or min(nodes) < 1:
-            raise ValueError(f"--nodes: need node counts of at least 1, got {ns.nodes!r}")
-        if ns.sizes is not None and (ns.minbytes or ns.maxbytes):
-            raise ValueError("give either --sizes or -b/-e/-f, not both")
-        if ns.minbytes or ns.maxbytes:
-            lo = parse_size(ns.minbytes or ns.maxbytes)
-            sizes = size_range(lo, parse_size(ns.maxbytes or ns.minbytes), ns.stepfactor)
-        else:
-            sizes = parse_size_list(ns.sizes or "64M,256M")
-        op_names = choose(ns.op, MODEL_OPS, "op for the model")
-    except ValueError as e:
-        parser.error(str(e))
-    if ns.preset == "cluster":
+    if ns.preset == "cluster":  # its own sizes, and its constants from the cluster
         from smddp.bench import cluster_model
 
-        return cluster_model.main(ns, parser, argv, sizes, op_names)
-    if ns.calibrate:
-        from smddp.bench import calibrate
+        return cluster_model.main(ns, parser, argv)
+    try:
+        sizes = SIZES.parse(ns)
+    except ValueError as e:
+        parser.error(str(e))
+    m = replace(PRESETS[ns.preset], **{k: getattr(ns, k) for k in _CONSTANTS
+                                       if getattr(ns, k) is not None})  # fmt: skip
+    if ns.calibrate or calibrate:
+        from smddp.bench import calibrate as _calibrate
 
-        return calibrate.main(ns, [*prog.split(), *argv])
-    estimates = [estimate(o, s, n, m) for o in op_names for n in nodes for s in sizes]
+        return _calibrate.main(ns, [*prog.split(), *argv])
+    estimates = [asdict(estimate(o, s, n, m)) for o in ns.op for n in ns.nodes for s in sizes]
     print(f"# smddp-bench model: preset {ns.preset}")
     print(describe(m))
     print("#")
-    print(format_table(estimates))
+    print(views.model_table(estimates))
     if ns.json:
         rec = record.new("model", [*prog.split(), *argv], vars(ns), preset=ns.preset,
-                         constants=asdict(m), results=[asdict(e) for e in estimates])  # fmt: skip
+                         constants=asdict(m), results=estimates)  # fmt: skip
         record.write(rec, ns.json)
         print(f"# written: {ns.json}", file=sys.stderr)
     return 0

@@ -1,19 +1,27 @@
 """The one plot writer: busbw against size, one panel per table, one line per
-backend. matplotlib is optional; without it nothing is written."""
+backend, from point records (measured, with no wrong element). matplotlib is
+optional; without it nothing is written."""
 
 from __future__ import annotations
 
 import math
 import os
-from typing import Sequence
+from typing import Any, Callable, Sequence
 
+from smddp.bench.record import measured
 from smddp.bench.units import format_size
 
-Series = dict[str, list[tuple[int, float]]]  # backend -> (size, busbw) points
 
-
-def busbw(panels: Sequence[tuple[str, Series]], path: str, title: str, ncols: int = 3) -> bool:
-    """Writes the PNG; False (and nothing written) without matplotlib."""
+def busbw(results: list[dict], keys: Sequence[str], title_of: Callable[[tuple], str], path: str,
+          title: str, ncols: int = 3) -> bool:
+    """Writes the PNG: one panel per distinct value of ``keys``, titled
+    ``title_of(values)``; False (and nothing written) without matplotlib."""
+    series: dict[tuple, dict[str, list[tuple[int, float]]]] = {}
+    for r in results:
+        if measured(r) and not r.get("wrong"):
+            points = series.setdefault(tuple(r[k] for k in keys), {}).setdefault(r["backend"], [])
+            points.append((r["size_bytes"], r["busbw_gbs"]))
+    panels: list[tuple[str, Any]] = [(title_of(k), s) for k, s in series.items()]
     try:
         import matplotlib
     except ImportError:
@@ -55,13 +63,3 @@ def busbw(panels: Sequence[tuple[str, Series]], path: str, title: str, ncols: in
     plt.close(fig)
     return True
 
-
-def from_results(results: list[dict], keys: Sequence[str], title_of) -> list[tuple[str, Series]]:
-    """Panels from point records: one per distinct value of ``keys``, titled by
-    ``title_of(values)``; measured points with no wrong element only."""
-    panels: dict[tuple, Series] = {}
-    for r in results:
-        if r.get("status") in ("ok", "few", "slow") and not r.get("wrong"):
-            series = panels.setdefault(tuple(r[k] for k in keys), {})
-            series.setdefault(r["backend"], []).append((r["size_bytes"], r["busbw_gbs"]))
-    return [(title_of(k), s) for k, s in panels.items()]

@@ -46,32 +46,25 @@ def _first(path: str, key: str) -> str | None:
     return None
 
 
-def load_average() -> list[float] | None:
-    """The 1, 5 and 15-minute load averages (None where the OS has none)."""
-    try:
-        return [round(x, 2) for x in os.getloadavg()]
-    except OSError:
-        return None
+def load_average() -> list[float]:
+    """The 1, 5 and 15-minute load averages."""
+    return [round(x, 2) for x in os.getloadavg()]
 
 
-def machine_info(device: str = "cpu", gpus: list[str] | None = None) -> dict[str, Any]:
+def machine_info() -> dict[str, Any]:
     """The host and the software versions (read without importing torch)."""
-    try:
-        available = len(os.sched_getaffinity(0))
-    except AttributeError:
-        available = os.cpu_count()
     mem = _first("/proc/meminfo", "MemTotal")
     smddp = sys.modules.get("smddp")
     return {
         "hostname": socket.gethostname(),
         "cpu_model": _first("/proc/cpuinfo", "model name") or platform.processor(),
         "cpu_cores": os.cpu_count(),
-        "cpu_cores_available": available,
+        "cpu_cores_available": len(os.sched_getaffinity(0)),
         "memory_gb": round(int(mem.split()[0]) * 1024 / 1e9, 1) if mem else None,
         "kernel": f"{platform.system()} {platform.release()}",
         "platform": platform.platform(),
-        "device": device,
-        "gpus": gpus or [],
+        "device": "cpu",
+        "gpus": [],
         "python": platform.python_version(),
         "torch": _version("torch"),
         "numpy": _version("numpy"),
@@ -89,18 +82,8 @@ def smddp_config() -> dict[str, str]:
     return dict(sorted(values.items()))
 
 
-def plain(value: Any) -> Any:
-    """Dataclasses and tuples as JSON has them."""
-    if hasattr(value, "__dataclass_fields__"):
-        value = asdict(value)
-    if isinstance(value, dict):
-        return {k: plain(v) for k, v in value.items()}
-    if isinstance(value, (list, tuple)):
-        return [plain(v) for v in value]
-    return value
-
-
-def new(kind: str, command: list[str], settings: Any, timing: Any = None, **extra: Any) -> dict:
+def new(kind: str, command: list[str], settings: dict[str, Any], timing: Any = None,
+        **extra: Any) -> dict:  # fmt: skip
     """A record's common part; ``timing`` is a ``timing.Timing``."""
     rec: dict[str, Any] = {
         "schema": SCHEMA,
@@ -109,10 +92,10 @@ def new(kind: str, command: list[str], settings: Any, timing: Any = None, **extr
         "command": list(command),
         "machine": machine_info(),
         "config": smddp_config(),
-        "settings": plain(settings),
+        "settings": dict(settings),
     }
     if timing is not None:
-        rec["timing"] = {**plain(timing), "description": timing.describe()}
+        rec["timing"] = {**asdict(timing), "description": timing.describe()}
     rec.update(extra)
     return rec
 
@@ -165,5 +148,5 @@ def read(path: str) -> dict[str, Any]:
     with open(path) as f:
         rec = json.load(f)
     if rec.get("schema") != SCHEMA:
-        raise ValueError(f"{path}: not a {SCHEMA} record (schema {rec.get('schema')!r})")
+        raise ValueError(f"not a {SCHEMA} record (schema {rec.get('schema')!r})")
     return rec

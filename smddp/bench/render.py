@@ -34,11 +34,11 @@ def render(text: str, base: str) -> str:
 
     def one(m: re.Match) -> str:
         path = os.path.join(base, m["path"])
-        rec = record.read(path)
-        view = links.markdown_view(rec) or views.MARKDOWN.get(rec["kind"])
-        if view is None:
-            raise ValueError(f"{path}: no table for records of kind {rec['kind']!r}")
-        return m.group(1) + view(rec) + "\n" + m.group(4)
+        try:
+            rec = record.read(path)
+            return m.group(1) + views.markdown(rec, links.markdown_view(rec)) + "\n" + m.group(4)
+        except ValueError as e:
+            raise ValueError(f"{path}: {e}") from None
 
     return MARKER.sub(one, text)
 

@@ -1,5 +1,5 @@
 """The training-step benchmark: one FSDP (or DDP) step of the example's GPT
-(smddp.bench.gpt, the model examples/train_fsdp.py trains) on smddp, on its
+(smddp._gpt, the model examples/train_fsdp.py trains) on smddp, on its
 rival and on torch's "fake" backend, whose collectives do nothing, so that
 ``(t - t_fake) / t_fake`` is what communication costs a step.
 
@@ -20,40 +20,37 @@ import os
 import statistics
 import sys
 import time
-from dataclasses import dataclass
+import traceback
 from typing import Any, Sequence
 
+import torch
+import torch.distributed as dist
+import torch.nn.functional as F
+
+from smddp import _gpt as gpt
 from smddp.bench import cluster_run, launch, record, views
+from smddp.bench.units import arg, at_least, choose
 
 VOCAB = 512
-
-
-@dataclass(frozen=True)
-class Preset:
-    width: int  # embedding width
-    blocks: int  # transformer blocks
-    heads: int
-    seq_len: int  # tokens per sequence
-
-
-PRESETS = {"gpt39m": Preset(1024, 3, 8, 64), "gpt10m": Preset(512, 3, 8, 64),
-           "tiny": Preset(64, 2, 2, 16)}  # fmt: skip  (tiny: for tests)
-STRATEGIES = ("fsdp2", "hsdp", "fsdp1", "ddp")
+# The model's shapes; tiny is for tests.
+PRESETS = {
+    "gpt39m": gpt.GPTConfig(VOCAB, seq_len=64, width=1024, layers=3, heads=8),
+    "gpt10m": gpt.GPTConfig(VOCAB, seq_len=64, width=512, layers=3, heads=8),
+    "tiny": gpt.GPTConfig(VOCAB, seq_len=16, width=64, layers=2, heads=2),
+}
 BACKENDS = ("smddp", "gloo", "fake")
 
 
-def num_params(width: int, hidden: int, blocks: int, seq_len: int) -> int:
-    """Parameters of smddp.bench.gpt.GPT of this shape."""
-    w, h = width, hidden or 4 * width
-    return blocks * (4 * w * w + 2 * h * w + 9 * w + h) + (2 * VOCAB + seq_len + 2) * w
+def num_params(c: gpt.GPTConfig) -> int:
+    """Parameters of smddp._gpt.GPT of this shape."""
+    w, h = c.width, c.hidden or 4 * c.width
+    return c.layers * (4 * w * w + 2 * h * w + 9 * w + h) + (2 * c.vocab_size + c.seq_len + 2) * w
 
 
 def _keep_local(_state, bucket):  # type: ignore[no-untyped-def]
     """DDP comm hook of the fake backend, whose all-reduce's future holds
     nothing: the bucket as it is, at once. Unannotated on purpose: DDP checks
     a hook's annotations against its own types, and this module's are strings."""
-    import torch
-
     fut: torch.futures.Future = torch.futures.Future()
     fut.set_result(bucket.buffer())
     return fut
@@ -62,15 +59,7 @@ def _keep_local(_state, bucket):  # type: ignore[no-untyped-def]
 def _rank_main(backend: str, s: argparse.Namespace, rank: int, world: int, init_method: str,
                local_rank: int, conn: Any) -> int:  # pragma: no cover - a child  # fmt: skip
     """Sets up, then answers each step number with (wall, comm wait, preempted, loss)."""
-    import traceback
-
     try:
-        import torch
-        import torch.distributed as dist
-        import torch.nn.functional as F
-
-        from smddp.bench import gpt
-
         torch.set_num_threads(s.threads)
         # A fake step computes on buffers no collective ever filled; denormal
         # garbage there must not make it slower than a real step.
@@ -166,7 +155,8 @@ def run(s: argparse.Namespace, say: Any = lambda _msg: None) -> dict[str, dict[s
 
 
 def format_table(s: argparse.Namespace, rec: dict[str, Any]) -> str:
-    nodes = f" ({s.world // s.ranks_per_node} nodes x {s.ranks_per_node})" if s.ranks_per_node else ""
+    rpn = s.ranks_per_node
+    nodes = f" ({s.world // rpn} nodes x {rpn})" if rpn else ""
     return (f"# {s.strategy} step, {s.world} ranks{nodes}, {s.preset} ({s.num_params / 1e6:.2f} M "
             f"parameters), {'bf16' if s.mixed_precision == 'bf16' else 'fp32'}, {s.tokens} tokens "
             f"per rank, {s.threads} thread(s) per rank\n# median of {s.steps} interleaved steps "
@@ -180,8 +170,8 @@ class _HelpFormatter(argparse.ArgumentDefaultsHelpFormatter, argparse.RawDescrip
 
 
 def build_parser() -> argparse.ArgumentParser:
-    presets = "\n".join(f"  {k:7s} width {v.width}, {v.blocks} blocks, {v.heads} heads, sequences "
-                        f"of {v.seq_len}: {num_params(v.width, 0, v.blocks, v.seq_len):,} parameters"
+    presets = "\n".join(f"  {k:7s} width {v.width}, {v.layers} blocks, {v.heads} heads, sequences "
+                        f"of {v.seq_len}: {num_params(v):,} parameters"
                         for k, v in PRESETS.items())  # fmt: skip
     p = argparse.ArgumentParser(
         prog="smddp-bench step", formatter_class=_HelpFormatter,
@@ -197,29 +187,30 @@ def build_parser() -> argparse.ArgumentParser:
         "lost to other processes; when it is large, the run was disturbed.",
     )  # fmt: skip
     add = p.add_argument
-    add("--strategy", default="fsdp2", choices=STRATEGIES,
+    add("--strategy", default="fsdp2", choices=gpt.STRATEGIES,
         help="fsdp2: fully_shard on a 1-D mesh; hsdp: on a (replicate, shard) mesh; fsdp1: "
         "FullyShardedDataParallel; ddp: DistributedDataParallel")
     add("--fsdp1-sharding", default="FULL_SHARD", help="FSDP1's ShardingStrategy",
-        choices=("FULL_SHARD", "SHARD_GRAD_OP", "HYBRID_SHARD"))
+        choices=gpt.FSDP1_SHARDING)
     add("--preset", default="gpt39m", choices=tuple(PRESETS), help="model shape")
     add("--width", type=int, default=0, help="override the preset's width")
     add("--hidden", type=int, default=0, help="inner width of each block's MLP (0: 4 x width)")
     add("--blocks", type=int, default=0, help="override the preset's block count")
     add("--heads", type=int, default=0, help="override the preset's attention heads")
-    add("--world", "-n", type=int, default=2, help="ranks per backend")
-    add("--ranks-per-node", type=int, default=0,
+    add("--world", "-n", type=at_least(1), default=2, help="ranks per backend")
+    add("--ranks-per-node", type=at_least(0), default=0,
         help="emulate nodes of this many ranks (SMDDP_RANKS_PER_NODE; 0: one node)")
-    add("--replicate-size", type=int, default=0,
+    add("--replicate-size", type=at_least(0), default=0,
         help="hsdp/HYBRID_SHARD replicate dimension (0: the number of nodes)")
-    add("--tokens", type=int, default=128,
+    add("--tokens", type=at_least(1), default=128,
         help="tokens per rank and step (a multiple of the preset's sequence length)")
     add("--mixed-precision", default="none", choices=("none", "bf16"),
         help="bf16 parameters for compute (gradients reduced in fp32)")
-    add("--backends", default=",".join(BACKENDS), help="comma list, from: " + ", ".join(BACKENDS))
-    add("--warmup", type=int, default=2, help="untimed steps per backend")
-    add("--steps", type=int, default=5, help="timed steps per backend")
-    add("--threads", type=int, default=0,
+    add("--backends", type=arg(lambda text: choose(text, BACKENDS, "backend")),
+        default=",".join(BACKENDS), help="comma list, from: " + ", ".join(BACKENDS))
+    add("--warmup", type=at_least(0), default=2, help="untimed steps per backend")
+    add("--steps", type=at_least(1), default=5, help="timed steps per backend")
+    add("--threads", type=at_least(0), default=0,
         help="intra-op threads per rank (0: the host's cores / --world)")
     add("--seed", type=int, default=0, help="seed of the weights and the data")
     add("--timeout", type=float, default=600.0,
@@ -236,25 +227,18 @@ def parse_settings(argv: Sequence[str]) -> argparse.Namespace:
     if s.cluster:  # --world, and the replicas of hsdp, from the cluster's hosts
         cluster_run.step_shape(s, parser)
     preset = PRESETS[s.preset]
-    s.backends = tuple(b.strip() for b in s.backends.split(",") if b.strip())
-    for b in s.backends:
-        if b not in BACKENDS:
-            parser.error(f"--backends: unknown backend {b!r} (choose from {', '.join(BACKENDS)})")
-    if not s.backends or len(set(s.backends)) != len(s.backends):
-        parser.error("--backends: name each backend once")
-    if s.world < 1 or s.steps < 1 or s.warmup < 0 or s.tokens < 1:
-        parser.error("--world, --steps and --tokens must be positive, --warmup not negative")
     if s.ranks_per_node and s.world % s.ranks_per_node:
         parser.error(f"--ranks-per-node {s.ranks_per_node} does not divide --world {s.world}")
     if s.tokens % preset.seq_len:
         parser.error(f"--tokens {s.tokens} is not a multiple of the preset's sequence length "
                      f"({preset.seq_len})")  # fmt: skip
-    s.width, s.heads, s.blocks = s.width or preset.width, s.heads or preset.heads, s.blocks or preset.blocks
+    s.width, s.heads = s.width or preset.width, s.heads or preset.heads
+    s.blocks = s.blocks or preset.layers
     if s.width % s.heads:
         parser.error(f"the width {s.width} is not a multiple of the heads {s.heads} (--heads)")
-    s.seq_len, s.num_params = preset.seq_len, num_params(s.width, s.hidden, s.blocks, preset.seq_len)
-    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
-    s.threads = s.threads or max(1, (cores or 1) // s.world)
+    s.seq_len = preset.seq_len
+    s.num_params = num_params(gpt.GPTConfig(VOCAB, s.seq_len, s.width, s.blocks, s.heads, s.hidden))
+    s.threads = s.threads or max(1, len(os.sched_getaffinity(0)) // s.world)
     s.replicate_size = s.replicate_size or (s.world // s.ranks_per_node if s.ranks_per_node else 1)
     if s.world % s.replicate_size:
         parser.error(f"the replicate size {s.replicate_size} does not divide --world {s.world}")
@@ -264,10 +248,7 @@ def parse_settings(argv: Sequence[str]) -> argparse.Namespace:
 
 def main(argv: Sequence[str] | None = None) -> int:
     """``smddp-bench step``; returns the exit status."""
-    try:
-        s = parse_settings(sys.argv[1:] if argv is None else argv)
-    except SystemExit as e:  # --help, or a usage error already printed
-        return int(e.code or 0)
+    s = parse_settings(sys.argv[1:] if argv is None else argv)
     if launch.launched_externally():
         print("smddp-bench step starts its own ranks, one set per backend: run it once, not "
               "under torchrun", file=sys.stderr)  # fmt: skip
@@ -281,7 +262,8 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 def _measure(s: argparse.Namespace) -> int:
     skip = ("argv", "json", "hosts", "cluster_facts")
-    rec = record.new("step", s.argv, {k: v for k, v in vars(s).items() if k not in skip})
+    settings = {k: v for k, v in vars(s).items() if k not in skip}
+    rec = record.new("step", s.argv, settings)
     if getattr(s, "cluster_facts", None):
         rec["topology"] = {"launcher": cluster_run.LAUNCHER, "facts": s.cluster_facts}
     try:

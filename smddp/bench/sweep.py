@@ -10,6 +10,7 @@ blocks and checks after every block (smddp.bench.timing says how).
 
 from __future__ import annotations
 
+import contextlib
 import datetime
 import math
 import os
@@ -17,9 +18,8 @@ import socket
 import sys
 import threading
 import time
-from dataclasses import dataclass, field
 from types import SimpleNamespace
-from typing import Any, Callable
+from typing import Any, Callable, Iterator
 
 import torch
 import torch.distributed as dist
@@ -29,54 +29,25 @@ from smddp.bench import ops as _ops
 from smddp.bench.units import format_size
 
 
-@dataclass
-class SweepSettings:
-    """Everything a rank needs to run a sweep (picklable: sent to spawned ranks)."""
-
-    ops: tuple[str, ...] = _ops.DEFAULT_OPS
-    dtypes: tuple[str, ...] = ("float32",)
-    sizes: tuple[int, ...] = (4096,)
-    redop: str = "sum"
-    root: int = 0
-    inplace: bool = False  # AllGather/ReduceScatter in place (nccl-tests' in-place columns)
-    backends: tuple[str, ...] = ("smddp", "gloo")
-    device: str = "cpu"
-    timing: timing.Timing = field(default_factory=timing.Timing)
-    pg_timeout: float = 120.0
-    json_path: str | None = None
-    plot_path: str | None = None
-    progress: bool = True
-    launcher: str = "spawn"
-    argv: list[str] = field(default_factory=list)
-    # What the launcher knows of the cluster (hosts, NICs, link rate, ...):
-    # printed in the header and kept in the record's topology.
-    facts: dict[str, Any] = field(default_factory=dict)
+# What a sweep's record keeps of its settings (besides its timing and command).
+SETTINGS = ("ops", "dtypes", "sizes", "redop", "root", "inplace", "backends", "device",
+            "pg_timeout")  # fmt: skip
 
 
-@dataclass
-class Topology:
-    world: int
-    nodes: int
-    ranks_per_node: int
-    emulated: bool
-    hosts: int
-    rank_hosts: list[str] = field(default_factory=list)
-
-    def label(self) -> str:
-        nodes = f"{self.nodes} node" + ("s" if self.nodes != 1 else "")
-        shape = f"{self.world} ranks = {nodes} x {self.ranks_per_node}"
-        return shape + (" (emulated nodes)" if self.emulated else "")
-
-
-def detect_topology(world: int, ctrl: Any) -> Topology:
+def detect_topology(world: int, ctrl: Any, launcher: str) -> dict[str, Any]:
+    """The record's topology: world, nodes (emulated when SMDDP_RANKS_PER_NODE
+    makes more than there are hosts), ranks per node, hosts, the label."""
     hosts: list[Any] = [None] * world
     dist.all_gather_object(hosts, socket.gethostname(), group=ctrl)
     nhosts = len(set(hosts))
     rpn = int(os.environ.get("SMDDP_RANKS_PER_NODE") or 0)
-    if rpn > 0:
-        nodes = math.ceil(world / rpn)
-        return Topology(world, nodes, min(rpn, world), nodes > nhosts, nhosts, hosts)
-    return Topology(world, nhosts, world // nhosts, False, nhosts, hosts)
+    nodes = math.ceil(world / rpn) if rpn > 0 else nhosts
+    rpn = min(rpn, world) if rpn > 0 else world // nhosts
+    emulated = nodes > nhosts
+    label = (f"{world} ranks = {nodes} node{'s' if nodes != 1 else ''} x {rpn}"
+             + (" (emulated nodes)" if emulated else ""))  # fmt: skip
+    return {"world": world, "nodes": nodes, "ranks_per_node": rpn, "emulated": emulated,
+            "hosts": nhosts, "rank_hosts": hosts, "label": label, "launcher": launcher}
 
 
 class TorchComm:
@@ -121,7 +92,7 @@ class Buffers:
     and checked with smddp.bench.ops."""
 
     def __init__(self, op: str, dtype: str, geom: _ops.Geometry, redop: str, root: int,
-                 rank: int, world: int, device: torch.device, inplace: bool = False,
+                 rank: int, world: int, device: Any = "cpu", inplace: bool = False,
                  offset: int = 0):  # fmt: skip
         self.op, self.dtype, self.geom, self.root = op, dtype, geom, root
         self.redop = redop if _ops.OPS[op].reduces else "none"
@@ -196,8 +167,10 @@ FATAL = ("DistBackendError", "DistNetworkError", "DistError", "imeout")
 class Sweep:
     """One rank's part of a sweep; rank 0 also prints and keeps the records."""
 
-    def __init__(self, s: SweepSettings, comm: TorchComm, groups: dict[str, Any],
-                 device: torch.device, topology: Topology, view: Any = views):  # fmt: skip
+    bar: Any = None  # rank 0's progress bar, once the sweep has run for a while
+
+    def __init__(self, s: Any, comm: TorchComm, groups: dict[str, Any], device: torch.device,
+                 topology: dict[str, Any], view: Any = views):  # fmt: skip
         self.s, self.comm, self.groups, self.view = s, comm, groups, view
         self.rank, self.world = comm.rank, comm.world
         self.device, self.topology = device, topology
@@ -232,30 +205,28 @@ class Sweep:
     def run(self) -> list[dict[str, Any]]:
         s = self.s
         total, done, started = len(s.ops) * len(s.dtypes) * len(s.sizes), 0, time.monotonic()
-        tqdm = _tqdm() if self.rank == 0 else None
-        if tqdm is not None:
-            # tqdm's default lock is a multiprocessing semaphore, which a rank
-            # that leaves with os._exit would leak.
-            tqdm.set_lock(threading.RLock())
-        tqdm = tqdm if s.progress else None
-        bar = None
+        tqdm = _tqdm() if self.rank == 0 and not s.no_progress else None
         results: list[dict[str, Any]] = []
         try:
             for op in s.ops:
                 for dtype in s.dtypes:
                     redop = s.redop if _ops.OPS[op].reduces else "none"
                     self.print(self.view.sweep_header(op, dtype, redop, s.backends,
-                                                      self.topology.label(), self.device.type,
+                                                      self.topology["label"], self.device.type,
                                                       s.inplace))  # fmt: skip
                     skip: dict[str, str] = {}
                     table: list[dict[str, Any]] = []
                     for nbytes in s.sizes:
                         # Created late, so that short sweeps never show a bar.
-                        if bar is None and tqdm is not None and time.monotonic() - started > 2:
-                            bar = tqdm(total=total, initial=done, file=sys.stderr, unit="point",
-                                       leave=False, dynamic_ncols=True, disable=None)  # fmt: skip
-                        if bar is not None:
-                            bar.set_description(f"{op} {dtype} {format_size(nbytes)}", False)
+                        if self.bar is None and tqdm is not None and time.monotonic() - started > 2:
+                            # tqdm's default lock is a multiprocessing semaphore, which a
+                            # rank that leaves with os._exit would leak.
+                            tqdm.set_lock(threading.RLock())
+                            self.bar = tqdm(total=total, initial=done, file=sys.stderr,
+                                            unit="point", leave=False, dynamic_ncols=True,
+                                            disable=None)  # fmt: skip
+                        if self.bar is not None:
+                            self.bar.set_description(f"{op} {dtype} {format_size(nbytes)}", False)
                         recs = self.measure(op, dtype, nbytes, skip)
                         if recs:
                             table += recs
@@ -264,23 +235,23 @@ class Sweep:
                             self.print(f"# {nbytes} B: less than one {dtype} element per rank, "
                                        "skipped")  # fmt: skip
                         done += 1
-                        if bar is not None:
-                            bar.update(1)
+                        if self.bar is not None:
+                            self.bar.update(1)
                     self.print(self.view.sweep_footer(table, s.backends))
                     results += table
         finally:
-            if bar is not None:
-                bar.close()
+            if self.bar is not None:
+                self.bar.close()
+                self.bar = None
         return results
 
     def print(self, text: str) -> None:
         if self.rank != 0 or not text:
             return
-        tqdm = _tqdm()
-        if tqdm is None:
+        if self.bar is None:
             print(text, flush=True)
         else:
-            tqdm.write(text, file=sys.stdout)
+            self.bar.write(text, file=sys.stdout)
             sys.stdout.flush()
 
 
@@ -297,49 +268,51 @@ def new_group(name: str, timeout: Any) -> Any:
     """The group of one backend column; "smddp:ring" is smddp with SMDDP_ALGO=ring
     (a group reads the SMDDP_* variables when it is created)."""
     base, _, algo = name.partition(":")
-    saved = os.environ.get("SMDDP_ALGO")
-    if algo:
-        os.environ["SMDDP_ALGO"] = algo
-    try:
+    with launch.environ({"SMDDP_ALGO": algo} if algo else {}):
         return dist.new_group(backend=base, timeout=timeout)
-    finally:
-        if algo and saved is None:
-            del os.environ["SMDDP_ALGO"]
-        elif algo:
-            os.environ["SMDDP_ALGO"] = saved
 
 
-def run_rank(settings: SweepSettings, rank: int, world: int, init_method: str,
-             local_rank: int) -> int:  # fmt: skip
-    """Joins the process group, runs the sweep, and (rank 0) writes the files.
-    Returns the process exit status: 0, or 3 when a result was wrong."""
+@contextlib.contextmanager
+def process_group(rank: int, world: int, init_method: str, timeout_s: float,
+                  backend: str = "gloo") -> Iterator[datetime.timedelta]:  # fmt: skip
+    """This process as rank ``rank`` of a process group (the control group of
+    every benchmark here: gloo), destroyed on the way out; yields the timeout."""
     import smddp  # noqa: F401  (registers the backend)
 
-    s = settings
-    timeout = datetime.timedelta(seconds=s.pg_timeout)
     # The collectives do not use torch's thread pool; the untimed fills and
     # checks would, and its idle OpenMP workers spin on cores the next timed
     # call needs.
     torch.set_num_threads(1)
+    timeout = datetime.timedelta(seconds=timeout_s)
+    dist.init_process_group(backend, init_method=init_method, rank=rank, world_size=world,
+                            timeout=timeout)  # fmt: skip
+    try:
+        yield timeout
+    finally:
+        dist.destroy_process_group()
+
+
+def run_rank(settings: Any, rank: int, world: int, init_method: str,
+             local_rank: int) -> int:  # fmt: skip
+    """Joins the process group, runs the sweep, and (rank 0) writes the files.
+    Returns the process exit status: 0, or 3 when a result was wrong."""
+    s = settings
     device = torch.device("cpu")
     if s.device == "cuda":
         torch.cuda.set_device(local_rank % torch.cuda.device_count())
         device = torch.device("cuda", torch.cuda.current_device())
-    rec = record.new("sweep", s.argv, {k: v for k, v in vars(s).items() if k not in (
-        "argv", "json_path", "plot_path", "progress", "launcher", "facts", "timing")},
-        s.timing)  # fmt: skip
+    rec = record.new("sweep", s.argv, {k: getattr(s, k) for k in SETTINGS}, s.timing)
     started = time.monotonic()
-    dist.init_process_group("gloo", init_method=init_method, rank=rank, world_size=world,
-                            timeout=timeout)  # fmt: skip
-    try:
+    with process_group(rank, world, init_method, s.pg_timeout) as timeout:
         comm = TorchComm(dist.group.WORLD)
         groups = {b: new_group(b, timeout) for b in s.backends}
-        topo = detect_topology(world, comm.ctrl)
+        topo = detect_topology(world, comm.ctrl, s.launcher)
         view: Any = views
         if s.launcher == "smddp-cluster":  # each rank's NIC; the links' limit in the tables
             from smddp.bench import cluster_run
 
             view = cluster_run.on_cluster(s, groups, comm)
+            topo["facts"] = s.facts
         sweep = Sweep(s, comm, groups, device, topo, view)
         results = sweep.run()
         status = 0
@@ -347,28 +320,23 @@ def run_rank(settings: SweepSettings, rank: int, world: int, init_method: str,
             rec["machine"].update(device=device.type, gpus=[torch.cuda.get_device_name(i) for i in
                                   range(torch.cuda.device_count())] if s.device == "cuda" else [])
             rec["config"] = record.smddp_config()
-            rec["topology"] = {**vars(topo), "label": topo.label(), "launcher": s.launcher,
-                               "facts": s.facts}  # fmt: skip
+            rec["topology"] = topo
             rec["elapsed_s"] = round(time.monotonic() - started, 1)
             rec["results"] = results
             rec["summary"] = views.sweep_summary(results, s.backends)
             status = launch.EXIT_WRONG if rec["summary"]["wrong"] else 0
             sweep.print(views.run_footer(rec))
-            if s.json_path:
-                record.write(rec, s.json_path)
-                sweep.print(f"# results: {s.json_path}")
-            if s.plot_path:
+            if s.json:
+                record.write(rec, s.json)
+                sweep.print(f"# results: {s.json}")
+            if s.plot:
                 title = (f"smddp-bench: {' vs '.join(s.backends)}, busbw (median)"
                          f"{', AllGather/ReduceScatter in place' if s.inplace else ''}\n"
-                         f"{topo.label()}, {device.type}, {socket.gethostname()}")  # fmt: skip
-                panels = views.sweep_panels(results)
-                if plot.busbw(panels, s.plot_path, title):
-                    sweep.print(f"# plot:    {s.plot_path}")
-                else:
-                    sweep.print("# plot:    skipped, matplotlib is not installed")
+                         f"{topo['label']}, {device.type}, {socket.gethostname()}")  # fmt: skip
+                written = plot.busbw(results, ("op", "dtype"),
+                                     lambda k: f"{_ops.OPS[k[0]].title}, {k[1]}", s.plot, title)
+                sweep.print(f"# plot:    {s.plot}" if written else
+                            "# plot:    skipped, matplotlib is not installed")  # fmt: skip
         flag = torch.tensor([status], dtype=torch.int64)
         dist.broadcast(flag, src=0, group=comm.ctrl)
         return int(flag.item())
-    finally:
-        dist.destroy_process_group()
-

@@ -23,6 +23,13 @@ class Column:
 Groups = Sequence[tuple[str, int]]  # (label, number of consecutive columns)
 
 
+def grouped(*blocks: tuple[str, Sequence[Column]]) -> tuple[list[Column], list[tuple[str, int]]]:
+    """The columns of consecutive labelled blocks, and their groups (an empty
+    block has none)."""
+    columns = [c for _, block in blocks for c in block]
+    return columns, [(label, len(block)) for label, block in blocks if block]
+
+
 def cell(col: Column, value: Any) -> str:
     if value is None:
         return ""

@@ -18,8 +18,10 @@ from __future__ import annotations
 import math
 import statistics
 import time
-from dataclasses import dataclass, field
-from typing import Any, Callable, Protocol
+from dataclasses import dataclass, field, replace
+from typing import Any, Callable, Protocol, Sequence
+
+from smddp.bench.units import at_least, positive
 
 BACK_TO_BACK, BARRIER_EACH = "back-to-back", "barrier-each"
 POLICIES = (BACK_TO_BACK, BARRIER_EACH)
@@ -101,6 +103,49 @@ class Timing:
         return (f"timing {self.policy}: per backend and size {self.warmup} warm-up calls, then "
                 f"{calls}{cap} in {self.rounds} block{'s' if self.rounds != 1 else ''} that "
                 f"alternate between the backends, {how}")  # fmt: skip
+
+
+# The command-line option of each field of Timing: flags, type, help. Every
+# command offers the ones it lets users change, with its own defaults.
+OPTIONS: dict[str, tuple[tuple[str, ...], Any, str]] = {
+    "policy": (("--timing",), str, "back-to-back: each block's calls after one barrier "
+               "(nccl-tests); barrier-each: a barrier before every call, each call a sample"),
+    "warmup": (("-w", "--warmup"), at_least(0), "warm-up calls per backend and point"),
+    "block_warmup": (("--block-warmup",), at_least(0), "untimed calls at the start of every "
+                     "timed block, so that neither backend's time includes re-warming what the "
+                     "other's block evicted; they come on top of --time-per-point (0: none, a "
+                     "block's first calls are timed)"),
+    "iters": (("-n", "--iters"), at_least(1), "timed calls per backend and point"),
+    "time_per_point": (("--time-per-point",), positive,
+                       "seconds of timed calls per backend and point"),
+    "min_iters": (("--min-iters",), at_least(1), "with a time budget: at least this many calls"),
+    "max_iters": (("--max-iters",), at_least(1), "with a time budget: at most this many calls"),
+    "rounds": (("--rounds",), at_least(1),
+               "blocks each backend's calls are split into, alternating between backends"),
+    "cap": (("--point-cap",), positive, "seconds a point may take: fewer calls past it; the "
+            "larger sizes of its table are skipped once one call exceeds it, or would exceed "
+            "twice it"),
+}  # fmt: skip
+
+
+def add_options(group: Any, default: Timing, fields: Sequence[str]) -> None:
+    """The options of ``fields`` on an argparse parser or group, defaults from
+    ``default``; -n and --time-per-point exclude each other."""
+    both = {"iters", "time_per_point"} <= set(fields)
+    either = group.add_mutually_exclusive_group() if both else group
+    for name in fields:
+        flags, kind, text = OPTIONS[name]
+        where = either if name in ("iters", "time_per_point") else group
+        where.add_argument(*flags, dest=name, type=kind, default=getattr(default, name), help=text,
+                           **({"choices": POLICIES} if name == "policy" else {}))  # fmt: skip
+
+
+def from_options(ns: Any, default: Timing, parser: Any) -> Timing:
+    """``default`` with the fields the options of ``ns`` give."""
+    t = replace(default, **{k: getattr(ns, k) for k in OPTIONS if k in vars(ns)})
+    if t.min_iters > t.max_iters:
+        parser.error("--min-iters is above --max-iters")
+    return t
 
 
 def host_clock(sync: Callable[[], None] | None = None) -> Clock:

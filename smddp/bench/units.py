@@ -1,7 +1,8 @@
 """Byte sizes as nccl-tests spells them (``4K``, ``256M``, ``1G``: powers of
-1024) and comma lists of names. Plain integers are bytes; ``KB``/``KiB`` etc.
-are read as the same binary units, because that is what people type after
-reading nccl-tests output.
+1024), comma lists of names, and the command-line options every benchmark
+here shares. Plain integers are bytes; ``KB``/``KiB`` etc. are read as the
+same binary units, because that is what people type after reading nccl-tests
+output.
 """
 
 from __future__ import annotations
@@ -9,7 +10,8 @@ from __future__ import annotations
 import argparse
 import math
 import re
-from typing import Iterable
+from dataclasses import dataclass
+from typing import Any, Callable, Iterable
 
 _UNITS = {"": 1, "K": 1 << 10, "M": 1 << 20, "G": 1 << 30, "T": 1 << 40}
 _SIZE_RE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([KMGT]?)(?:I?B)?\s*$", re.IGNORECASE)
@@ -85,6 +87,17 @@ def format_size(nbytes: int) -> str:
     return str(nbytes)
 
 
+def parse_counts(text: str, low: int = 1) -> tuple[int, ...]:
+    """``"8,2,4"`` -> (2, 4, 8): whole numbers of at least ``low``, sorted, once each."""
+    parts = [p.strip() for p in str(text).split(",") if p.strip()]
+    for part in parts:
+        if not part.isdigit() or int(part) < low:
+            raise ValueError(f"not a whole number of at least {low}: {part!r}")
+    if not parts:
+        raise ValueError(f"no number given: {text!r}")
+    return tuple(sorted({int(p) for p in parts}))
+
+
 def choose(
     text: str,
     allowed: Iterable[str],
@@ -110,6 +123,9 @@ def choose(
     return tuple(a for a in allowed if a in out) if canonical else tuple(out)
 
 
+# -- command-line options ------------------------------------------------------------
+
+
 class HelpFormatter(argparse.ArgumentDefaultsHelpFormatter):
     """Shows defaults, except the ones that only mean "decided later"."""
 
@@ -117,3 +133,74 @@ class HelpFormatter(argparse.ArgumentDefaultsHelpFormatter):
         if action.default in (None, False) or "[" in (action.help or ""):
             return action.help or ""
         return super()._get_help_string(action)
+
+
+def arg(parse: Callable[[str], Any]) -> Callable[[str], Any]:
+    """``parse`` as an argparse type: its ValueError's message becomes the
+    usage error (argparse would print only "invalid value")."""
+
+    def wrapped(text: str) -> Any:
+        try:
+            return parse(text)
+        except ValueError as e:
+            raise argparse.ArgumentTypeError(str(e)) from None
+
+    return wrapped
+
+
+def at_least(low: Any, kind: Callable[[str], Any] = int) -> Callable[[str], Any]:
+    """An argparse type: ``kind(text)`` (an int unless told), at least ``low``."""
+
+    def value(text: str) -> Any:
+        number = kind(text)
+        if number < low:
+            raise ValueError(f"must be at least {low}, got {text}")
+        return number
+
+    return arg(value)
+
+
+def positive(text: str) -> float:
+    """An argparse type: a number above 0."""
+    if not float(text) > 0:
+        raise argparse.ArgumentTypeError(f"must be positive, got {text}")
+    return float(text)
+
+
+@dataclass(frozen=True)
+class SizeOptions:
+    """``--sizes``, or nccl-tests' ``-b``/``-e``/``-f``/``-i``, and what they
+    mean when left out: ``sizes`` if neither is given (the range of the
+    defaults when empty), the defaults for the bounds that are not given."""
+
+    sizes: str = ""
+    minbytes: str = "4K"
+    maxbytes: str = "64M"
+    factor: float = 2.0
+
+    def add(self, group: Any) -> None:
+        default = f" [{self.sizes}]" if self.sizes else ""
+        group.add_argument("--sizes", type=arg(parse_size_list),
+                           help=f"comma list of sizes instead of -b/-e/-f/-i, e.g. 1M,16M{default}")
+        group.add_argument("-b", "--minbytes", type=arg(parse_size),
+                           help=f"smallest size [{self.minbytes}]")  # fmt: skip
+        group.add_argument("-e", "--maxbytes", type=arg(parse_size),
+                           help=f"largest size [{self.maxbytes}]")  # fmt: skip
+        group.add_argument("-f", "--stepfactor", type=float,
+                           help=f"size multiplier [{self.factor:g}]")  # fmt: skip
+        group.add_argument("-i", "--stepbytes", type=arg(parse_size),
+                           help="size increment (instead of -f)")  # fmt: skip
+
+    def parse(self, ns: argparse.Namespace) -> list[int]:
+        """The sizes asked for; ValueError when they are not a valid sweep."""
+        given = {k: v for k, v in vars(ns).items() if k in _RANGE and v is not None}
+        if ns.sizes is not None and given:
+            raise ValueError("give either --sizes or -b/-e/-f/-i, not both")
+        if ns.sizes is not None or (self.sizes and not given):
+            return ns.sizes or parse_size_list(self.sizes)
+        return size_range(given.get("minbytes", parse_size(self.minbytes)),
+                          given.get("maxbytes", parse_size(self.maxbytes)),
+                          given.get("stepfactor", self.factor), given.get("stepbytes", 0))
+
+
+_RANGE = ("minbytes", "maxbytes", "stepfactor", "stepbytes")

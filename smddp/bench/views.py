@@ -50,6 +50,12 @@ def _num(x: float | None, fmt: str = "{:.3f}") -> str:
     return "n/a" if x is None else fmt.format(x)
 
 
+def _wrong_line(counts: dict[str, int]) -> str:
+    total = sum(counts.values())
+    detail = ", ".join(f"{k} {n}" for k, n in counts.items() if n)
+    return f"# #wrong: {total} " + ("OK" if total == 0 else f"FAILED ({detail})")
+
+
 # -- the sweep ---------------------------------------------------------------------
 
 _LEFT = [Column("size", "(B)", width=12), Column("count", "(elements)", width=12),
@@ -59,17 +65,16 @@ _BLOCK = [Column("time", "(us)", "{:.1f}", 10), Column("algbw", "(GB/s)", "{:.3f
 
 
 def _sweep_columns(backends: Sequence[str]) -> tuple[list[Column], list[tuple[str, int]]]:
-    pairs = rivals(backends)
-    cols = _LEFT + _BLOCK * len(backends)
-    cols += [Column("ratio", f"{a}/{b}", "{:.2f}", max(11, len(a + b) + 1)) for a, b in pairs]
-    groups = [("", 4)] + [(b, 4) for b in backends] + ([("", len(pairs))] if pairs else [])
-    return cols, groups
+    ratios = [Column("ratio", f"{a}/{b}", "{:.2f}", max(11, len(a + b) + 1))
+              for a, b in rivals(backends)]  # fmt: skip
+    return table.grouped(("", _LEFT), *((b, _BLOCK) for b in backends), ("", ratios))
 
 
 def sweep_header(op: str, dtype: str, redop: str, backends: Sequence[str], topology: str,
                  device: str, inplace: bool = False) -> str:  # fmt: skip
     place = "  in place" if inplace and op in ("all_gather", "reduce_scatter") else ""
-    title = f"# {OPS[op].title} ({op}){place}  type {dtype}  redop {redop}  |  {topology}  |  {device}"
+    title = (f"# {OPS[op].title} ({op}){place}  type {dtype}  redop {redop}  |  {topology}  |  "
+             f"{device}")
     return "\n".join(["#", title, "#", table.header(*_sweep_columns(backends))])
 
 
@@ -77,11 +82,9 @@ def sweep_row(recs: list[dict], backends: Sequence[str]) -> str:
     point = {r["backend"]: r for r in recs}
     first = recs[0]
     values: list[Any] = [first["size_bytes"], first["count"], first["dtype"], first["redop"]]
-    for b in backends:
-        r = point.get(b)
-        ok = measured(r)
-        values += [r["time_us"], r["algbw_gbs"], r["busbw_gbs"], str(r["wrong"])] if ok else [
-            "n/a", "", "", ""]  # fmt: skip
+    for r in (point.get(b) for b in backends):
+        values += ([r["time_us"], r["algbw_gbs"], r["busbw_gbs"], r["wrong"]] if measured(r)
+                   else ["n/a", "", "", ""])  # fmt: skip
     values += [_num(ratio(point, a, b), "{:.2f}") for a, b in rivals(backends)]
     cols, groups = _sweep_columns(backends)
     return table.row(cols, values, groups)
@@ -124,9 +127,7 @@ def sweep_footer(results: list[dict], backends: Sequence[str]) -> str:
         lines.append(f"# {key}: {_num(s['ratio_of_avg_busbw'][key], '{:.2f}')} (ratio of the "
                      f"averages), {_num(s['geomean_ratio'][key], '{:.2f}')} (geometric mean of "
                      "the per-size ratios)")  # fmt: skip
-    total = sum(s["wrong"].values())
-    detail = ", ".join(f"{b} {n}" for b, n in s["wrong"].items() if n)
-    lines.append(f"# #wrong: {total} " + ("OK" if total == 0 else f"FAILED ({detail})"))
+    lines.append(_wrong_line(s["wrong"]))
     lines += [f"# {b}: not measured: {why}" for b, why in s["errors"].items()]
     return "\n".join(lines)
 
@@ -137,7 +138,7 @@ def run_footer(rec: dict[str, Any]) -> str:
     wrong = rec["summary"]["wrong"]
     lines = ["#", f"# smddp-bench: {points} points x {len(backends)} backends "
              f"({', '.join(backends)}) in {rec['elapsed_s']:.1f} s; #wrong {wrong} "
-             f"{'OK' if wrong == 0 else 'FAILED'}", f"# {rec['timing']['description']}"]  # fmt: skip
+             f"{'OK' if wrong == 0 else 'FAILED'}", f"# {rec['timing']['description']}"]
     m = rec["machine"]
     loads = [x[0] for x in (m["load_average"]["start"], m["load_average"].get("end")) if x]
     cores = m.get("cpu_cores_available") or m.get("cpu_cores") or 1
@@ -148,32 +149,25 @@ def run_footer(rec: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
-def sweep_panels(results: list[dict]) -> list:
-    from smddp.bench.plot import from_results
-
-    return from_results(results, ("op", "dtype"), lambda k: f"{OPS[k[0]].title}, {k[1]}")
-
-
-def sweep_markdown(rec: dict[str, Any], **_: str) -> str:
+def sweep_markdown(rec: dict[str, Any]) -> str:
     backends = rec["settings"]["backends"]
     pairs = rivals(backends)
-    cols = [Column("op", left=True), Column("type", left=True), Column("size")]
-    cols += [Column("time", "µs", "{:.1f}"), Column("busbw", "GB/s", "{:.3f}")] * len(backends)
-    cols += [Column(f"{a}/{b}", fmt="{:.2f}") for a, b in pairs]
-    groups = [("", 3)] + [(b, 2) for b in backends] + ([("busbw", len(pairs))] if pairs else [])
+    block = [Column("time", "µs", "{:.1f}"), Column("busbw", "GB/s", "{:.3f}")]
+    cols, groups = table.grouped(
+        ("", [Column("op", left=True), Column("type", left=True), Column("size")]),
+        *((b, block) for b in backends), ("busbw", [Column(f"{a}/{b}", fmt="{:.2f}")
+                                                    for a, b in pairs]))  # fmt: skip
     rows = []
     for point in by_point(rec["results"]):
         first = next(iter(point.values()))
         row: list[Any] = [OPS[first["op"]].title, first["dtype"], format_size(first["size_bytes"])]
-        for b in backends:
-            r = point.get(b)
+        for r in (point.get(b) for b in backends):
             row += [r["time_us"], r["busbw_gbs"]] if measured(r) else ["n/a", "n/a"]
         rows.append(row + [_num(ratio(point, a, b), "{:.2f}") for a, b in pairs])
-    topo = rec["topology"]["label"]
     place = "; AllGather/ReduceScatter in place" if rec["settings"].get("inplace") else ""
-    note = (f"{topo}, {rec['machine']['device']}{place}; busbw in GB/s (nccl-tests' definitions, "
-            f"GB = 1e9); ratios of busbw; #wrong {rec['summary']['wrong']}")  # fmt: skip
-    return table.markdown(cols, rows, groups) + "\n\n" + footer(rec, note)
+    return table.markdown(cols, rows, groups), (
+        f"{rec['topology']['label']}, {rec['machine']['device']}{place}; busbw in GB/s "
+        f"(nccl-tests' definitions, GB = 1e9); ratios of busbw; #wrong {rec['summary']['wrong']}")
 
 
 # -- the peer comparison -----------------------------------------------------------
@@ -222,20 +216,20 @@ def peer_rows(results: list[dict], impls: Sequence[str], ops: Sequence[str],
     return rows
 
 
-def _peer_table(rows: list[dict], impls: Sequence[str]) -> tuple[list[Column], list]:
+def _peer_table(rec: dict[str, Any]) -> tuple[list[Column], list]:
+    s = rec["settings"]
+    impls, with_ratio = s["impls"], "smddp" in s["impls"] and len(s["impls"]) > 1
     cols = [Column("op", width=14, left=True), Column("type", width=9, left=True),
             Column("size", width=5), Column("ranks", width=5)]  # fmt: skip
     cols += [Column(n, width=10) for n in impls]
-    with_ratio = "smddp" in impls and len(impls) > 1
     cols += [Column("smddp/best", fmt="{:.2f}", width=10), Column("best", width=9, left=True)
              ] if with_ratio else []  # fmt: skip
     out: list[Any] = []
     last = None
-    for row in rows:
-        block = (row["op"], row["dtype"], row["world"])
-        if out and block != last:
-            out.append(None)
-        last = block
+    for row in peer_rows(rec["results"], impls, s["ops"], s["dtypes"]):
+        if out and (row["op"], row["dtype"], row["world"]) != last:
+            out.append(None)  # a blank line between the (op, dtype, ranks) blocks
+        last = (row["op"], row["dtype"], row["world"])
         values = [OPS[row["op"]].title, row["dtype"],
                   format_size(row["size_bytes"] or row["requested_bytes"]), row["world"]]
         values += [peer_cell(row["impls"].get(n)) for n in impls]
@@ -269,63 +263,54 @@ def peer_summary(rows: list[dict], results: list[dict]) -> dict[str, Any]:
 
 
 def peers_text(rec: dict[str, Any], header: str = "") -> str:
-    s = rec["settings"]
-    rows = peer_rows(rec["results"], s["impls"], s["ops"], s["dtypes"])
     lines = [header.rstrip()] if header else []
-    lines += ["# " + PEERS_LEGEND, "#", table.text(*_peer_table(rows, s["impls"])), "#"]
+    lines += ["# " + PEERS_LEGEND, "#", table.text(*_peer_table(rec)), "#"]
     summary = rec["summary"]
     for key, g in summary["geomean_smddp_over_best"].items():
         op, dtype = key.split()
-        lines.append(f"# {OPS[op].title} {dtype}: smddp/best, geometric mean over the cells: {g:.2f}")
+        lines.append(f"# {OPS[op].title} {dtype}: smddp/best, geometric mean over the cells: "
+                     f"{g:.2f}")
     if summary["smddp_behind"]:
         lines.append(f"# smddp behind the best peer in {len(summary['smddp_behind'])} cells:")
     for b in summary["smddp_behind"]:
         lines.append(f"#   {OPS[b['op']].title} {b['dtype']} {format_size(b['size_bytes'])} "
                      f"{b['world']} ranks: smddp {b['smddp_busbw_gbs']:.3f} vs {b['best_peer']} "
                      f"{b['best_peer_busbw_gbs']:.3f} GB/s ({b['ratio']:.2f}x)")  # fmt: skip
-    total = sum(summary["wrong"].values())
-    detail = ", ".join(f"{k} {v}" for k, v in summary["wrong"].items() if v)
-    lines.append(f"# #wrong: {total} " + ("OK" if total == 0 else f"FAILED ({detail})"))
-    seen = set()
-    for f in summary["failures"]:
-        if (f["backend"], f["status"], f["note"]) not in seen:
-            seen.add((f["backend"], f["status"], f["note"]))
-            lines.append(f"# {f['backend']} ({f['status']}): {f['note']}")
+    lines.append(_wrong_line(summary["wrong"]))
+    failures = {(f["backend"], f["status"], f["note"]): None for f in summary["failures"]}
+    lines += [f"# {backend} ({status}): {note}" for backend, status, note in failures]
     lines.append(f"# {rec['timing']['description']}")
     return "\n".join(lines)
 
 
-def peers_markdown(rec: dict[str, Any], **_: str) -> str:
-    s = rec["settings"]
-    rows = peer_rows(rec["results"], s["impls"], s["ops"], s["dtypes"])
+def peers_markdown(rec: dict[str, Any]) -> tuple[str, str]:
     versions = "; ".join(f"{n} {' '.join(str(v).split())}" for n, v in rec["versions"].items())
-    return (table.markdown(*_peer_table(rows, s["impls"])) + "\n\n"
-            + footer(rec, f"{PEERS_LEGEND}; {versions}"))  # fmt: skip
+    return table.markdown(*_peer_table(rec)), f"{PEERS_LEGEND}; {versions}"
 
 
 # -- the cost model, the calibration, the step --------------------------------------
 
 
 def model_table(estimates: list[dict], markdown: bool = False) -> str:
-    cols = [Column("op", width=15, left=True), Column("nodes", width=6), Column("GPUs", width=6),
-            Column("size", "(B)", width=7), Column("time", "(us)", "{:.1f}", 11),
-            Column("busbw", "(GB/s)", "{:.2f}", 8), Column("time", "(us)", "{:.1f}", 11),
-            Column("busbw", "(GB/s)", "{:.2f}", 8), Column("ratio", fmt="{:.2f}", width=6)]
-    groups = [("", 4), ("flat ring", 2), ("smddp", 2), ("", 1)]
+    block = [Column("time", "(us)", "{:.1f}", 11), Column("busbw", "(GB/s)", "{:.2f}", 8)]
+    cols, groups = table.grouped(
+        ("", [Column("op", width=15, left=True), Column("nodes", width=6),
+              Column("GPUs", width=6), Column("size", "(B)", width=7)]),
+        ("flat ring", block), ("smddp", block), ("", [Column("ratio", fmt="{:.2f}", width=6)]),
+    )  # fmt: skip
     rows = [[e["op"], e["nodes"], e["gpus"], format_size(e["size_bytes"]), e["ring_s"] * 1e6,
              e["ring_busbw_gbs"], e["hier_s"] * 1e6, e["hier_busbw_gbs"], e["ratio"]]
             for e in estimates]  # fmt: skip
     if markdown:
         return table.markdown(cols, rows, groups)
-    return (table.header(cols, groups) + "\n" + "\n".join(table.row(cols, r, groups) for r in rows)
+    return (table.text(cols, rows, groups)
             + "\n# ratio = flat-ring time / smddp time (= smddp busbw / flat-ring busbw)")
 
 
-def model_markdown(rec: dict[str, Any], **_: str) -> str:
-    c = rec["constants"]
-    note = (f"cost model, preset {rec['preset']}: {c['name']}; ratio = flat-ring time / smddp "
-            "time (= smddp busbw / flat-ring busbw)")  # fmt: skip
-    return model_table(rec["results"], markdown=True) + "\n\n" + footer(rec, note)
+def model_markdown(rec: dict[str, Any]) -> tuple[str, str]:
+    return model_table(rec["results"], markdown=True), (
+        f"cost model, preset {rec['preset']}: {rec['constants']['name']}; ratio = flat-ring time "
+        "/ smddp time (= smddp busbw / flat-ring busbw)")
 
 
 def calibration_tables(rec: dict[str, Any], markdown: bool = False) -> str:
@@ -337,16 +322,16 @@ def calibration_tables(rec: dict[str, Any], markdown: bool = False) -> str:
     cols = [Column("op", left=True), Column("size", "(B)"), Column("measured", "(us)", "{:.1f}"),
             Column("smddp model", "(us)", "{:.1f}"), Column("error", "(%)", "{:+.0f}"),
             Column("flat ring model", "(us)", "{:.1f}")]  # fmt: skip
-    rows = [[r["op"], format_size(r["size_bytes"]), r["measured_s"] * 1e6, r["model_smddp_s"] * 1e6,
-             (r["model_smddp_s"] - r["measured_s"]) / r["measured_s"] * 100, r["model_ring_s"] * 1e6]
-            for r in rec["results"]]  # fmt: skip
+    rows = [[r["op"], format_size(r["size_bytes"]), r["measured_s"] * 1e6,
+             r["model_smddp_s"] * 1e6, (r["model_smddp_s"] / r["measured_s"] - 1) * 100,
+             r["model_ring_s"] * 1e6] for r in rec["results"]]  # fmt: skip
     return render(fit_cols, fits) + "\n\n" + render(cols, rows)
 
 
-def calibration_markdown(rec: dict[str, Any], **_: str) -> str:
-    note = ("fit of time = alpha + bytes/beta of an AllGather between two ranks (one step of "
-            "size/2 bytes); error = (model - measured) / measured")  # fmt: skip
-    return calibration_tables(rec, markdown=True) + "\n\n" + footer(rec, note)
+def calibration_markdown(rec: dict[str, Any]) -> tuple[str, str]:
+    return calibration_tables(rec, markdown=True), (
+        "fit of time = alpha + bytes/beta of an AllGather between two ranks (one step of size/2 "
+        "bytes); error = (model - measured) / measured")
 
 
 def step_table(rec: dict[str, Any], markdown: bool = False) -> str:
@@ -372,33 +357,42 @@ def step_table(rec: dict[str, Any], markdown: bool = False) -> str:
     return out
 
 
-def step_markdown(rec: dict[str, Any], **_: str) -> str:
+def step_markdown(rec: dict[str, Any]) -> tuple[str, str]:
     s = rec["settings"]
-    note = (f"{s['strategy']} step, {s['world']} ranks, {s['preset']} ({s['num_params'] / 1e6:.2f} M "
-            f"parameters), {s['tokens']} tokens per rank; median of {s['steps']} interleaved steps "
-            "after warm-up; step = slowest rank; vs fake = the step's overhead over torch's fake "
-            "backend, whose collectives do nothing")  # fmt: skip
-    return step_table(rec, markdown=True) + "\n\n" + footer(rec, note)
+    return step_table(rec, markdown=True), (
+        f"{s['strategy']} step, {s['world']} ranks, {s['preset']} ({s['num_params'] / 1e6:.2f} M "
+        f"parameters), {s['tokens']} tokens per rank; median of {s['steps']} interleaved steps "
+        "after warm-up; step = slowest rank; vs fake = the step's overhead over torch's fake "
+        "backend, whose collectives do nothing")
 
 
-# -- the footer of every rendered table ---------------------------------------------
+# -- the docs: a record's table and its footer ---------------------------------------
+
+# kind -> the markdown table of a record and the sentence that says what it shows.
+MARKDOWN: dict[str, Callable[[dict[str, Any]], tuple[str, str]]] = {
+    "sweep": sweep_markdown, "peers": peers_markdown, "model": model_markdown,
+    "calibration": calibration_markdown, "step": step_markdown,
+}  # fmt: skip
 
 
-def footer(rec: dict[str, Any], what: str) -> str:
+def markdown(rec: dict[str, Any],
+             view: Callable[[dict[str, Any]], tuple[str, str]] | None = None) -> str:  # fmt: skip
+    """A record's table for the docs, with what it shows, how the calls were
+    timed, the machine and the command that produced the record; ``view``:
+    the table and sentence of a record another module knows (the cluster's,
+    smddp.bench.links.markdown_view), instead of its kind's."""
+    view = view or MARKDOWN.get(rec["kind"])
+    if view is None:
+        raise ValueError(f"no table for records of kind {rec['kind']!r}")
+    text, what = view(rec)
     m = rec["machine"]
     load = m.get("load_average", {})
     machine = (f"{m['cpu_model']}, {m['cpu_cores']} cores ({m['cpu_cores_available']} available), "
                f"{m['memory_gb']} GB, {m['kernel']}, Python {m['python']}, torch {m['torch']}, "
                f"smddp {m['smddp']}; load average {load.get('start')} at the start, "
                f"{load.get('end')} at the end; {rec['created']}")  # fmt: skip
-    lines = [f"- {what}"]
+    lines = [text, "", f"- {what}"]
     if "timing" in rec:
         lines.append(f"- {rec['timing']['description']}")
     lines += [f"- machine: {machine}", f"- command: `{shlex.join(rec['command'])}`"]
     return "\n".join(lines)
-
-
-MARKDOWN: dict[str, Callable[..., str]] = {
-    "sweep": sweep_markdown, "peers": peers_markdown, "model": model_markdown,
-    "calibration": calibration_markdown, "step": step_markdown,
-}  # fmt: skip

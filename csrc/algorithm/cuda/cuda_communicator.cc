@@ -58,6 +58,19 @@ CudaCommunicator::CudaCommunicator(
   node_ = std::make_unique<NodeCollectives>(*arena_, config);
   c.arena = arena_.get();
   c.node = node_.get();
+  if (config.cuda_sync == "device") {
+    cudaCheck(cudaMalloc(reinterpret_cast<void**>(&sync_counter_), sizeof(uint64_t)), "cudaMalloc of the sync counter");
+    cudaCheck(cudaMemset(sync_counter_, 0, sizeof(uint64_t)), "cudaMemset of the sync counter");
+    cudaCheck(cudaHostAlloc(reinterpret_cast<void**>(&sync_words_), sizeof(SyncWords), cudaHostAllocMapped),
+              "cudaHostAlloc of the sync words");
+    *sync_words_ = SyncWords{};
+    SyncWords* dev = nullptr;
+    cudaCheck(cudaHostGetDevicePointer(reinterpret_cast<void**>(&dev), sync_words_, 0), "cudaHostGetDevicePointer");
+    c.device_sync = true;
+    c.sync_counter = sync_counter_;
+    c.sync_words = dev;
+    c.sync_timeout_ns = static_cast<uint64_t>(timeout.count()) * 1000000ull;
+  }
   if (plan_.mode == DeviceMode::kRails) {
     const int l = topology.myLocalRank();
     c.rail_ranks = topology.railRanks(l);
@@ -90,12 +103,18 @@ CudaCommunicator::~CudaCommunicator() {
   rail_.reset();
   node_.reset();
   arena_.reset();
+  if (sync_counter_ != nullptr) {
+    cudaFree(sync_counter_);
+  }
+  if (sync_words_ != nullptr) {
+    cudaFreeHost(sync_words_);
+  }
 }
 
 std::string CudaCommunicator::describe() const {
   switch (plan_.mode) {
     case DeviceMode::kNode:
-      return str("cuda ipc, ", ctx_->topo.describe());
+      return str("cuda ipc (", ctx_->device_sync ? "device" : "host", " sync), ", ctx_->topo.describe());
     case DeviceMode::kRails:
       return str("cuda ipc in nodes, nccl rails, ", ctx_->topo.describe());
     case DeviceMode::kHostStaging:
@@ -106,6 +125,10 @@ std::string CudaCommunicator::describe() const {
 
 void CudaCommunicator::abort(const std::string& why) {
   aborted_.store(true);
+  if (sync_words_ != nullptr) {
+    // Device-side waits see it through the mapping and end.
+    reinterpret_cast<volatile SyncWords*>(sync_words_)->abort = 1;
+  }
   if (arena_) {
     arena_->abort(why);
   }
@@ -115,6 +138,13 @@ void CudaCommunicator::abort(const std::string& why) {
 }
 
 std::string CudaCommunicator::asyncError() {
+  if (sync_words_ != nullptr && !aborted_.load()) {
+    const uint32_t error = reinterpret_cast<volatile SyncWords*>(sync_words_)->error;
+    if (error == 1) {
+      return str("cuda:", ctx_->device, ": a node peer did not reach its step of the collective within the group's "
+                 "timeout (device-side wait, SMDDP_CUDA_SYNC=device)");
+    }
+  }
   return rail_ ? rail_->asyncError() : std::string();
 }
 

@@ -37,6 +37,7 @@
 
 #include "algorithm/communicator.h"
 #include "algorithm/cuda/device_memory.h"
+#include "algorithm/cuda/device_sync.h"
 #include "algorithm/device_setup.h"
 #include "algorithm/node_collectives.h"
 #include "transport/cuda/ipc_arena.h"
@@ -94,6 +95,10 @@ class CudaCommunicator {
   std::unique_ptr<transport::CudaIpcArena> ipc_;
   std::unique_ptr<transport::NcclRail> rail_;
   std::unique_ptr<Schedule> schedule_;
+  // SMDDP_CUDA_SYNC=device: the counter (device memory) and the words of
+  // the waits (pinned host memory mapped into the device).
+  uint64_t* sync_counter_ = nullptr;
+  SyncWords* sync_words_ = nullptr;
   std::atomic<bool> aborted_{false};
 };
 

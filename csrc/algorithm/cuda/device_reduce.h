@@ -7,12 +7,14 @@
 // (algorithm/reduce_ops.h), so the bits equal the CPU path's for the same
 // sources: half types accumulate in float32 and round once; MIN/MAX
 // propagate NaN; no multiply-add is fused; `raw` applies PREMUL_SUM's factor
-// to every source, `finalize` AVG's division.
+// to every source (Sources::kInputs), AVG's division is the
+// final step (Result::kFinal).
 //
-// The kernel reads 16 bytes per load with several loads in flight per
-// thread when every pointer is 16-byte aligned, else one element at a time.
-// It uses at most `max_blocks` blocks, so that a collective leaves most of
-// the GPU to the computation it overlaps with.
+// The kernel reads 16 bytes per load, every source's loads in flight
+// together, from where every buffer is 16-byte aligned (a scalar head and
+// tail around them, algorithm/device_plan.h; buffers misaligned unalike go
+// one element at a time). It uses at most `max_blocks` blocks, so that a
+// collective leaves most of the GPU to the computation it overlaps with.
 #pragma once
 
 #include <cuda_runtime.h>
@@ -28,27 +30,47 @@ namespace smddp::algorithm::cuda {
 bool deviceReduceSupported(DataType dtype, ReduceOp op);
 
 // Enqueues the reduction of `nsrc` (1..kMaxDeviceSources) sources on
-// `stream`. Throws Error: kInvalidArgument for bad arguments; kComm when the
-// device already holds an error from earlier work (named as such, so that it
-// is not taken for this kernel's) or the launch fails.
+// `stream`: Sources::kInputs scales each by PREMUL_SUM's factor,
+// Result::kFinal divides by AVG's (reduce.h). Throws Error: kInvalidArgument
+// for bad arguments; kComm when the device already holds an error from
+// earlier work (named as such, so that it is not taken for this kernel's)
+// or the launch fails.
 void launchReduce(
     const ReduceSpec& spec,
     void* dst,
     const void* const* srcs,
     int nsrc,
     size_t count,
-    bool raw,
-    bool finalize,
+    Sources sources,
+    Result result,
     int max_blocks,
     cudaStream_t stream);
 
-// dst[i] = finalize(dst[i]): AVG's division (and PREMUL_SUM's factor when
-// raw) in place; nothing to do for the other ops.
+// Reduces `nseg` segments of `count` elements in one launch: segment s
+// writes dst + s * dst_stride bytes and reads srcs[k] + src_offsets[s] bytes
+// of every source (the rails' ReduceScatter: every rail member's block of a
+// chunk). As launchReduce otherwise.
+void launchReduceSegments(
+    const ReduceSpec& spec,
+    void* dst,
+    size_t dst_stride,
+    const void* const* srcs,
+    int nsrc,
+    const size_t* src_offsets,
+    int nseg,
+    size_t count,
+    Sources sources,
+    Result result,
+    int max_blocks,
+    cudaStream_t stream);
+
+// dst[i] = the final value of dst[i]: AVG's division (and PREMUL_SUM's
+// factor for Sources::kInputs) in place; nothing to do for the other ops.
 void launchFinalize(
     const ReduceSpec& spec,
     void* dst,
     size_t count,
-    bool raw,
+    Sources sources,
     int max_blocks,
     cudaStream_t stream);
 

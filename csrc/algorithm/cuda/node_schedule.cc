@@ -12,6 +12,7 @@
 
 #include "algorithm/cuda/device_reduce.h"
 #include "algorithm/cuda/schedules.h"
+#include "algorithm/device_plan.h"
 #include "algorithm/ring.h"
 
 namespace smddp::algorithm::cuda {
@@ -38,10 +39,14 @@ class NodeSchedule : public Schedule {
       exchange(
           ctx_, args, s, c == 0, [&] { copyAsync(ctx_.ipc->staging(me), in + off, n, s); },
           [&] {
+            std::vector<void*> dsts;
+            std::vector<const void*> srcs;
             for (int k = 1; k < L; ++k) {
               const int l = (me + k) % L;
-              copyAsync(out + static_cast<size_t>(l) * b + off, ctx_.ipc->staging(l), n, s);
+              dsts.push_back(out + static_cast<size_t>(l) * b + off);
+              srcs.push_back(ctx_.ipc->staging(l));
             }
+            copyBatch(ctx_, dsts, srcs, std::vector<size_t>(dsts.size(), n), s);
           });
     }
   }
@@ -69,7 +74,7 @@ class NodeSchedule : public Schedule {
             for (int l = 0; l < L; ++l) {
               srcs[static_cast<size_t>(l)] = ctx_.ipc->staging(l) + static_cast<size_t>(me) * ce * es;
             }
-            launchReduce(args.reduce, out + off * es, srcs.data(), L, n, true, true, ctx_.config.cuda_reduce_blocks, s);
+            launchReduce(args.reduce, out + off * es, srcs.data(), L, n, Sources::kInputs, Result::kFinal, ctx_.config.cuda_reduce_blocks, s);
           });
     }
   }
@@ -88,7 +93,8 @@ class NodeSchedule : public Schedule {
     for (size_t c = 0; c < chunks; ++c) {
       const size_t off = c * ce;
       const size_t n = chunkLen(args.count, ce, c);
-      const Slices slices{n, static_cast<size_t>(L)};
+      // Slices start 16-byte aligned, so that the kernel reads vectors.
+      const AlignedSlices slices{n, static_cast<size_t>(L), std::max<size_t>(1, 16 / es)};
       const size_t b0 = slices.begin(static_cast<size_t>(me));
       // Reduce my slice of the chunk from every stage into my result half.
       exchange(
@@ -98,17 +104,23 @@ class NodeSchedule : public Schedule {
               srcs[static_cast<size_t>(l)] = ctx_.ipc->staging(l) + b0 * es;
             }
             launchReduce(args.reduce, ctx_.ipc->staging(me) + half + b0 * es, srcs.data(), L,
-                         slices.size(static_cast<size_t>(me)), true, true, ctx_.config.cuda_reduce_blocks, s);
+                         slices.size(static_cast<size_t>(me)), Sources::kInputs, Result::kFinal,
+                         ctx_.config.cuda_reduce_blocks, s);
           });
       // Gather every rank's reduced slice.
       exchange(
           ctx_, args, s, false, [] {},
           [&] {
+            std::vector<void*> dsts;
+            std::vector<const void*> srcs;
+            std::vector<size_t> sizes;
             for (int l = 0; l < L; ++l) {
               const size_t bl = slices.begin(static_cast<size_t>(l));
-              copyAsync(out + (off + bl) * es, ctx_.ipc->staging(l) + half + bl * es,
-                        slices.size(static_cast<size_t>(l)) * es, s);
+              dsts.push_back(out + (off + bl) * es);
+              srcs.push_back(ctx_.ipc->staging(l) + half + bl * es);
+              sizes.push_back(slices.size(static_cast<size_t>(l)) * es);
             }
+            copyBatch(ctx_, dsts, srcs, sizes, s);
           });
     }
   }

@@ -15,6 +15,7 @@
 
 #include "algorithm/cuda/device_reduce.h"
 #include "algorithm/cuda/schedules.h"
+#include "algorithm/device_plan.h"
 #include "algorithm/reduce_ops.h"
 #include "algorithm/ring.h"
 #include "common/error.h"
@@ -97,18 +98,13 @@ class RailsSchedule : public Schedule {
       exchange(
           ctx_, args, s, c == 0,
           [&] {
-            for (int m = 0; m < N; ++m) {
-              copyAsync(ctx_.ipc->staging(me) + static_cast<size_t>(m) * cb,
-                        out + static_cast<size_t>(ctx_.rail_ranks[static_cast<size_t>(m)]) * b + off, len, s);
-            }
+            // My rail's N blocks, one strided copy where they lie evenly.
+            copyBlocks(out + off, railOffsets(me, b), ctx_.ipc->staging(me), cb, len, /*to_stage=*/true, s);
           },
           [&] {
             for (int k = 1; k < L; ++k) {
               const int l = (me + k) % L;
-              for (int m = 0; m < N; ++m) {
-                const size_t g = static_cast<size_t>(ctx_.topo.nodeRanks(m)[static_cast<size_t>(l)]);
-                copyAsync(out + g * b + off, ctx_.ipc->staging(l) + static_cast<size_t>(m) * cb, len, s);
-              }
+              copyBlocks(out + off, railOffsets(l, b), ctx_.ipc->staging(l), cb, len, /*to_stage=*/false, s);
             }
           });
     }
@@ -137,14 +133,17 @@ class RailsSchedule : public Schedule {
                      static_cast<size_t>(world), s);
           },
           [&] {
+            // Every rail member's block of this chunk in one launch: segment
+            // m reads block rail_ranks[m] of every stage.
+            std::vector<size_t> offsets(static_cast<size_t>(N));
             for (int m = 0; m < N; ++m) {
-              const size_t g = static_cast<size_t>(ctx_.rail_ranks[static_cast<size_t>(m)]);
-              for (int l = 0; l < L; ++l) {
-                srcs[static_cast<size_t>(l)] = ctx_.ipc->staging(l) + g * ce * es;
-              }
-              launchReduce(args.reduce, partials + static_cast<size_t>(m) * b + off * es, srcs.data(), L, len, true,
-                           false, ctx_.config.cuda_reduce_blocks, s);
+              offsets[static_cast<size_t>(m)] = static_cast<size_t>(ctx_.rail_ranks[static_cast<size_t>(m)]) * ce * es;
             }
+            for (int l = 0; l < L; ++l) {
+              srcs[static_cast<size_t>(l)] = ctx_.ipc->staging(l);
+            }
+            launchReduceSegments(args.reduce, partials + off * es, b, srcs.data(), L, offsets.data(), N, len,
+                                 Sources::kInputs, Result::kPartial, ctx_.config.cuda_reduce_blocks, s);
           });
     }
     // Rail: reduce-scatter of the partials (member m's block is m's output).
@@ -153,7 +152,7 @@ class RailsSchedule : public Schedule {
     ctx_.rail->run("the rail ReduceScatter", args.deadline, [&](ncclComm_t comm) {
       return ncclReduceScatter(partials, args.out, args.count, type, op, comm, s);
     });
-    launchFinalize(args.reduce, args.out, args.count, false, ctx_.config.cuda_reduce_blocks, s);
+    launchFinalize(args.reduce, args.out, args.count, Sources::kPartials, ctx_.config.cuda_reduce_blocks, s);
   }
 
   void allReduce(const OpArgs& args, cudaStream_t s) override {
@@ -172,7 +171,8 @@ class RailsSchedule : public Schedule {
     for (size_t c = 0; c < chunks; ++c) {
       const size_t off = c * ce;
       const size_t n = chunkLen(args.count, ce, c);
-      const Slices slices{n, static_cast<size_t>(L)};
+      // Slices start 16-byte aligned, so that the kernel reads vectors.
+      const AlignedSlices slices{n, static_cast<size_t>(L), std::max<size_t>(1, 16 / es)};
       const size_t b0 = slices.begin(static_cast<size_t>(me));
       const size_t sz = slices.size(static_cast<size_t>(me));
       uint8_t* result = ctx_.ipc->staging(me) + half + b0 * es;
@@ -182,21 +182,26 @@ class RailsSchedule : public Schedule {
             for (int l = 0; l < L; ++l) {
               srcs[static_cast<size_t>(l)] = ctx_.ipc->staging(l) + b0 * es;
             }
-            launchReduce(args.reduce, result, srcs.data(), L, sz, true, false, ctx_.config.cuda_reduce_blocks, s);
+            launchReduce(args.reduce, result, srcs.data(), L, sz, Sources::kInputs, Result::kPartial, ctx_.config.cuda_reduce_blocks, s);
             // Rail: my slice over the nodes, then AVG's division.
             ctx_.rail->run("the rail AllReduce", args.deadline, [&](ncclComm_t comm) {
               return ncclAllReduce(result, result, sz, type, op, comm, s);
             });
-            launchFinalize(args.reduce, result, sz, false, ctx_.config.cuda_reduce_blocks, s);
+            launchFinalize(args.reduce, result, sz, Sources::kPartials, ctx_.config.cuda_reduce_blocks, s);
           });
       exchange(
           ctx_, args, s, false, [] {},
           [&] {
+            std::vector<void*> dsts;
+            std::vector<const void*> from;
+            std::vector<size_t> sizes;
             for (int l = 0; l < L; ++l) {
               const size_t bl = slices.begin(static_cast<size_t>(l));
-              copyAsync(out + (off + bl) * es, ctx_.ipc->staging(l) + half + bl * es,
-                        slices.size(static_cast<size_t>(l)) * es, s);
+              dsts.push_back(out + (off + bl) * es);
+              from.push_back(ctx_.ipc->staging(l) + half + bl * es);
+              sizes.push_back(slices.size(static_cast<size_t>(l)) * es);
             }
+            copyBatch(ctx_, dsts, from, sizes, s);
           });
     }
   }
@@ -221,6 +226,40 @@ class RailsSchedule : public Schedule {
   }
 
  private:
+  // Where local rank l's block of every node starts in an AllGather's
+  // output (node m's: group rank nodeRanks(m)[l]).
+  std::vector<size_t> railOffsets(int l, size_t b) const {
+    std::vector<size_t> out;
+    for (int m = 0; m < ctx_.topo.numNodes(); ++m) {
+      out.push_back(static_cast<size_t>(ctx_.topo.nodeRanks(m)[static_cast<size_t>(l)]) * b);
+    }
+    return out;
+  }
+
+  // `len` bytes of each block between `base` + offsets[m] and slot m of a
+  // stage (slots `slot` bytes apart): one strided copy where the blocks lie
+  // evenly (contiguous node ranks), else a batch of one copy per block.
+  void copyBlocks(uint8_t* base, const std::vector<size_t>& offsets, uint8_t* stage, size_t slot, size_t len,
+                  bool to_stage, cudaStream_t s) {
+    size_t stride = 0;
+    const size_t n = offsets.size();
+    if (evenlySpaced(offsets, &stride)) {
+      if (to_stage) {
+        copyRows(ctx_, stage, slot, base + offsets[0], stride, len, n, s);
+      } else {
+        copyRows(ctx_, base + offsets[0], stride, stage, slot, len, n, s);
+      }
+      return;
+    }
+    std::vector<void*> dsts;
+    std::vector<const void*> srcs;
+    for (size_t m = 0; m < n; ++m) {
+      dsts.push_back(to_stage ? static_cast<void*>(stage + m * slot) : static_cast<void*>(base + offsets[m]));
+      srcs.push_back(to_stage ? static_cast<const void*>(base + offsets[m]) : static_cast<const void*>(stage + m * slot));
+    }
+    copyBatch(ctx_, dsts, srcs, std::vector<size_t>(n, len), s);
+  }
+
   DeviceContext& ctx_;
   GrowingBuffer partials_;
 };

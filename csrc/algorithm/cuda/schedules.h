@@ -11,6 +11,7 @@
 
 #include "algorithm/communicator.h"
 #include "algorithm/cuda/device_memory.h"
+#include "algorithm/cuda/device_sync.h"
 #include "algorithm/chunks.h"
 #include "algorithm/node_collectives.h"
 #include "algorithm/op.h"
@@ -36,6 +37,13 @@ struct DeviceContext {
   std::vector<int> rail_ranks;
   Communicator* host = nullptr;
   DeviceMemory* memory = nullptr;
+  // SMDDP_CUDA_SYNC=device: the node's ranks meet through flags on the GPU
+  // (device_sync.h): this rank's counter, the host words of its waits, and
+  // how long a wait may last.
+  bool device_sync = false;
+  uint64_t* sync_counter = nullptr;
+  SyncWords* sync_words = nullptr;  // the device's view
+  uint64_t sync_timeout_ns = 0;
 };
 
 class Schedule {
@@ -55,6 +63,15 @@ std::unique_ptr<Schedule> makeStagedSchedule(DeviceContext& ctx);
 
 void copyAsync(void* dst, const void* src, size_t bytes, cudaStream_t s);
 
+// Several independent copies: one batch the copy engines may run side by
+// side (SMDDP_CUDA_BATCH_COPIES), else one after another.
+void copyBatch(
+    const DeviceContext& ctx,
+    const std::vector<void*>& dsts,
+    const std::vector<const void*>& srcs,
+    const std::vector<size_t>& sizes,
+    cudaStream_t s);
+
 // `rows` rows of `width` bytes from src (rows `spitch` apart) to dst (rows
 // `dpitch` apart): one 2D copy, or a copy per row where a pitch exceeds
 // what the device's 2D copies take (a flat gradient of several GiB).
@@ -73,7 +90,10 @@ void openDeviceCall(DeviceContext& ctx, const OpArgs& args);
 
 // One round trip through the staging buffers: wait until the peers have
 // read this rank's stage, fill it, announce it, wait for the peers' stages,
-// consume them, announce that.
+// consume them, announce that. With host synchronization the host threads
+// meet in the arena around interprocess events; with device
+// synchronization the GPU waits on the peers' flags and the host only
+// enqueues (after the call's first round, which checks the descriptors).
 void exchange(
     DeviceContext& ctx,
     const OpArgs& args,

@@ -14,6 +14,39 @@ void copyAsync(void* dst, const void* src, size_t bytes, cudaStream_t s) {
   }
 }
 
+void copyBatch(
+    const DeviceContext& ctx,
+    const std::vector<void*>& dsts,
+    const std::vector<const void*>& srcs,
+    const std::vector<size_t>& sizes,
+    cudaStream_t s) {
+  std::vector<void*> d;
+  std::vector<const void*> from;
+  std::vector<size_t> n;
+  for (size_t i = 0; i < dsts.size(); ++i) {
+    if (sizes[i] > 0 && dsts[i] != srcs[i]) {
+      d.push_back(dsts[i]);
+      from.push_back(srcs[i]);
+      n.push_back(sizes[i]);
+    }
+  }
+  if (d.empty()) {
+    return;
+  }
+  if (ctx.config.cuda_batch_copies && d.size() > 1) {
+    // Every source is ready in stream order (the stream waited for it).
+    cudaMemcpyAttributes attr{};
+    attr.srcAccessOrder = cudaMemcpySrcAccessOrderStream;
+    size_t first = 0;
+    cudaCheck(cudaMemcpyBatchAsync(d.data(), from.data(), n.data(), d.size(), &attr, &first, 1, s),
+              "cudaMemcpyBatchAsync");
+    return;
+  }
+  for (size_t i = 0; i < d.size(); ++i) {
+    copyAsync(d[i], from[i], n[i], s);
+  }
+}
+
 void copyRows(
     const DeviceContext& ctx,
     void* dst,
@@ -42,6 +75,56 @@ void openDeviceCall(DeviceContext& ctx, const OpArgs& args) {
   protocol::openCall(*ctx.arena, args, protocol::Path::kDevice);
 }
 
+namespace {
+
+SyncStep syncStep(const DeviceContext& ctx) {
+  SyncStep st;
+  st.counter = ctx.sync_counter;
+  st.words = ctx.sync_words;
+  st.timeout_ns = ctx.sync_timeout_ns;
+  return st;
+}
+
+void exchangeOnDevice(
+    DeviceContext& ctx,
+    const OpArgs& args,
+    cudaStream_t s,
+    bool first,
+    const std::function<void()>& fill,
+    const std::function<void()>& consume) {
+  const int L = ctx.topo.localSize();
+  const int me = ctx.topo.myLocalRank();
+  if (first) {
+    // The host checks once per call that every rank makes the same call.
+    ctx.node->round(args.deadline);
+    protocol::verifyCall(*ctx.arena, args);
+  }
+  // The peers have read this stage (their done >= the exchanges so far).
+  SyncStep read = syncStep(ctx);
+  for (int l = 0; l < L; ++l) {
+    if (l != me) {
+      read.wait[read.nwait++] = ctx.ipc->doneFlag(l);
+    }
+  }
+  launchSyncStep(read, s);
+  fill();
+  SyncStep ready = syncStep(ctx);
+  ready.bump = true;
+  ready.post = ctx.ipc->readyFlag(me);
+  for (int l = 0; l < L; ++l) {
+    if (l != me) {
+      ready.wait[ready.nwait++] = ctx.ipc->readyFlag(l);
+    }
+  }
+  launchSyncStep(ready, s);
+  consume();
+  SyncStep done = syncStep(ctx);
+  done.post = ctx.ipc->doneFlag(me);
+  launchSyncStep(done, s);
+}
+
+} // namespace
+
 void exchange(
     DeviceContext& ctx,
     const OpArgs& args,
@@ -49,6 +132,10 @@ void exchange(
     bool first,
     const std::function<void()>& fill,
     const std::function<void()>& consume) {
+  if (ctx.device_sync) {
+    exchangeOnDevice(ctx, args, s, first, fill, consume);
+    return;
+  }
   const int L = ctx.topo.localSize();
   const int me = ctx.topo.myLocalRank();
   // The peers' "done" of the previous exchange: they have read this stage.

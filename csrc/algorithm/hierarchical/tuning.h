@@ -9,6 +9,8 @@
 
 #include <cstddef>
 
+#include "common/config.h"
+
 namespace smddp::algorithm::hierarchical::tuning {
 
 // A call whose rail blocks each fit in one chunk (SMDDP_CHUNK_BYTES) and
@@ -18,7 +20,7 @@ namespace smddp::algorithm::hierarchical::tuning {
 // hand-offs for it. Larger calls pipeline, unless SMDDP_PIPELINE says
 // otherwise or the host's ranks outnumber its CPUs (then the stage thread
 // has no core to overlap on, and every call runs one stage after the other).
-constexpr size_t kSequentialBytes = size_t{512} << 10;
+constexpr size_t kSequentialBytes = autos::kSequentialRailBytes;
 
 // The rail cuts a block into at least kRailChunks chunks, so that the next
 // stage (the node's reads of an AllGather, the last reduction step of a
@@ -27,7 +29,7 @@ constexpr size_t kSequentialBytes = size_t{512} << 10;
 // against the bytes moved, nor over SMDDP_CHUNK_BYTES. Chunks are whole
 // cache lines (64 bytes) and whole elements.
 constexpr size_t kRailChunks = 2;
-constexpr size_t kMinRailChunkBytes = size_t{256} << 10;
+constexpr size_t kMinRailChunkBytes = autos::kMinRailChunkBytes;
 
 // The sequential single-copy AllGather pushes its own block to the node
 // peers in pieces of at most this (and at most a rail chunk), each right

@@ -8,6 +8,7 @@
 #include <thread>
 
 #include "algorithm/cuda/device_reduce.h"
+#include "backend/conversions.h"
 #include "backend/store_adapter.h"
 #include "common/error.h"
 #include "common/log.h"
@@ -77,21 +78,6 @@ struct CallState {
   }
 };
 
-DataType dataTypeOf(at::ScalarType t, bool* ok) {
-  *ok = true;
-  switch (t) {
-    case at::kFloat:
-      return DataType::kFloat32;
-    case at::kHalf:
-      return DataType::kFloat16;
-    case at::kBFloat16:
-      return DataType::kBFloat16;
-    default:
-      *ok = false;
-      return DataType::kFloat32;
-  }
-}
-
 } // namespace
 
 CudaPath::CudaPath(const DevicePathArgs& args)
@@ -133,7 +119,7 @@ CudaPath::~CudaPath() {
 
 bool CudaPath::supportsReduce(at::ScalarType dtype, ReduceOp op) const {
   bool ok = false;
-  const DataType d = dataTypeOf(dtype, &ok);
+  const DataType d = toDataType(dtype, &ok);
   return ok && setup_.reduceOnDevice() && algorithm::cuda::deviceReduceSupported(d, op);
 }
 
@@ -227,6 +213,13 @@ DevicePath::Call CudaPath::prepare(
         SMDDP_THROW(kInternal, "no CUDA path for ", collectiveName(kind));
     }
     end->record(comm);
+    // Being captured into a CUDA graph: nothing runs now, so there is
+    // nothing to watch (and an event of a capture cannot be queried).
+    cudaStreamCaptureStatus capture = cudaStreamCaptureStatusNone;
+    cudaStreamIsCapturing(comm.stream(), &capture);
+    if (capture != cudaStreamCaptureStatusNone) {
+      return;
+    }
     Watchdog::Item item;
     item.label = str(collectiveName(kind), " #", seq, " on cuda:", device);
     item.deadline = deadline;

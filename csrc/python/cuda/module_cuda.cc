@@ -10,6 +10,7 @@
 #include <nccl.h>
 
 #include "algorithm/cuda/device_reduce.h"
+#include "backend/conversions.h"
 #include "backend/cuda/cuda_path.h"
 #include "backend/device_path.h"
 #include "common/error.h"
@@ -18,28 +19,12 @@ namespace py = pybind11;
 
 namespace {
 
-smddp::DataType deviceDataType(const at::Tensor& t) {
-  switch (t.scalar_type()) {
-    case at::kFloat:
-      return smddp::DataType::kFloat32;
-    case at::kHalf:
-      return smddp::DataType::kFloat16;
-    case at::kBFloat16:
-      return smddp::DataType::kBFloat16;
-    default:
-      throw py::value_error(smddp::str("smddp: no device reduction of ", t.scalar_type(),
-                                       " tensors; use float32, float16 or bfloat16"));
-  }
-}
-
 smddp::ReduceOp reduceOpFromName(const std::string& name) {
-  for (int i = 0; i < static_cast<int>(smddp::ReduceOp::kCount); ++i) {
-    auto op = static_cast<smddp::ReduceOp>(i);
-    if (name == smddp::reduceOpName(op)) {
-      return op;
-    }
+  smddp::ReduceOp op = smddp::ReduceOp::kSum;
+  if (!smddp::reduceOpByName(name, &op)) {
+    throw py::value_error("smddp: unknown reduce op '" + name + "'");
   }
-  throw py::value_error("smddp: unknown reduce op '" + name + "'");
+  return op;
 }
 
 // The device reduction kernel on CUDA tensors, on the current stream.
@@ -65,8 +50,13 @@ at::Tensor deviceReduce(
     ptrs.push_back(s.data_ptr());
   }
   smddp::algorithm::ReduceSpec spec;
-  spec.dtype = deviceDataType(srcs[0]);
+  bool ok = false;
+  spec.dtype = smddp::toDataType(srcs[0].scalar_type(), &ok);
   spec.op = reduceOpFromName(op);
+  if (!ok || !smddp::algorithm::cuda::deviceReduceSupported(spec.dtype, spec.op)) {
+    throw py::value_error(smddp::str("smddp: no device reduction ", op, " of ", srcs[0].scalar_type(),
+                                     " tensors; use float32, float16 or bfloat16"));
+  }
   spec.premul = premul;
   spec.divisor = divisor;
   if (out.has_value()) {
@@ -82,7 +72,10 @@ at::Tensor deviceReduce(
   c10::cuda::CUDAGuard guard(srcs[0].device());
   try {
     smddp::algorithm::cuda::launchReduce(spec, dst.data_ptr(), ptrs.data(), static_cast<int>(ptrs.size()),
-                                         static_cast<size_t>(dst.numel()), raw, finalize, max_blocks,
+                                         static_cast<size_t>(dst.numel()),
+                                         raw ? smddp::algorithm::Sources::kInputs : smddp::algorithm::Sources::kPartials,
+                                         finalize ? smddp::algorithm::Result::kFinal : smddp::algorithm::Result::kPartial,
+                                         max_blocks,
                                          c10::cuda::getCurrentCUDAStream().stream());
   } catch (const smddp::Error& e) {
     if (e.kind() == smddp::ErrorKind::kInvalidArgument) {

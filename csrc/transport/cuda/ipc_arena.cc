@@ -42,7 +42,10 @@ std::vector<uint8_t> CudaIpcArena::exportLocal() {
   cudaCheck(cudaSetDevice(device_), "cudaSetDevice");
   const size_t me = static_cast<size_t>(local_rank_);
   try {
-    cudaCheck(cudaMalloc(reinterpret_cast<void**>(&staging_[me]), staging_bytes_), "cudaMalloc of the staging buffer");
+    cudaCheck(cudaMalloc(reinterpret_cast<void**>(&staging_[me]), kHeaderBytes + staging_bytes_),
+              "cudaMalloc of the staging buffer");
+    // The flags start at 0, as every rank's device counter does.
+    cudaCheck(cudaMemset(staging_[me], 0, kHeaderBytes), "cudaMemset of the staging header");
     const unsigned flags = cudaEventDisableTiming | cudaEventInterprocess;
     cudaCheck(cudaEventCreateWithFlags(&ready_[me], flags), "cudaEventCreate (interprocess)");
     cudaCheck(cudaEventCreateWithFlags(&done_[me], flags), "cudaEventCreate (interprocess)");

@@ -21,6 +21,11 @@
 // the node in a round before releaseExports() (or the destructor) frees the
 // exports.
 //
+// Each staging buffer begins with a header of kHeaderBytes holding the flags
+// of the device-side synchronization (algorithm/cuda/device_sync.h): this
+// rank's `ready` and `done` words, each on a line of its own; the staged
+// data follows it, 4 KiB aligned.
+//
 // Works with several ranks on one GPU (each process has its own context;
 // IPC maps between them).
 #pragma once
@@ -56,11 +61,20 @@ class CudaIpcArena : public DeviceLinks {
   int device() const {
     return device_;
   }
+  static constexpr size_t kHeaderBytes = 4096;
   size_t stagingBytes() const {
     return staging_bytes_;
   }
+  // Local rank l's staged data (after its header).
   uint8_t* staging(int l) const {
-    return staging_[static_cast<size_t>(l)];
+    return staging_[static_cast<size_t>(l)] + kHeaderBytes;
+  }
+  // Local rank l's device-side flags.
+  uint64_t* readyFlag(int l) const {
+    return reinterpret_cast<uint64_t*>(staging_[static_cast<size_t>(l)]);
+  }
+  uint64_t* doneFlag(int l) const {
+    return reinterpret_cast<uint64_t*>(staging_[static_cast<size_t>(l)] + 128);
   }
   cudaEvent_t ready(int l) const {
     return ready_[static_cast<size_t>(l)];

@@ -22,7 +22,7 @@ SocketMesh::Options socketOptions(const Config& config, const NetOptions& net) {
   // its receiver would wait on a full queue), and so does a host whose
   // rmem_max is below the bound (the kernel would cap it anyway). See
   // docs/design.md, "Where the time goes, as design rules".
-  constexpr size_t kAutoRcvbuf = size_t{1} << 20;
+  constexpr size_t kAutoRcvbuf = autos::kSocketRcvbufBytes;
   const size_t max = receiveBufferMax();
   if (config.socket_rcvbuf_bytes == kAutoBytes) {
     so.rcvbuf_bytes = config.oversubscribed() && max >= kAutoRcvbuf ? kAutoRcvbuf : 0;

@@ -1,8 +1,9 @@
 """The model that examples/train_fsdp.py trains and ``smddp-bench step`` times:
 a small GPT (token and position embeddings, causal self-attention blocks with
 an MLP, LayerNorm, an LM head) on synthetic tokens, and how it is wrapped for
-FSDP2, HSDP, FSDP1 or DDP. One definition, in the package so that an
-installed smddp runs the step benchmark; the example imports it.
+FSDP2, HSDP, FSDP1 or DDP. A workload, not part of smddp's API: one
+definition, in the package so that an installed smddp runs the step
+benchmark; the example imports it.
 """
 
 from __future__ import annotations

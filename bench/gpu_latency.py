@@ -1,0 +1,130 @@
+"""The latency of a small native CUDA AllReduce, ranks sharing one GPU:
+host synchronization (the node's host threads meet between steps), device
+synchronization (flags awaited by kernels, SMDDP_CUDA_SYNC=device), and
+device synchronization replayed from a CUDA graph, in one run.
+
+    python bench/gpu_latency.py [--nproc 2] [--bytes 4K] [-n 200] [--json FILE]
+
+Each mode runs in a fresh group of --nproc ranks on the first visible GPU
+(SMDDP_CUDA_RANKS_PER_GPU = --nproc). A call is timed between CUDA events on
+the caller's stream (a barrier on the CPU before each); a graph holds 10
+calls and its replay's time is divided by 10. Medians of the slowest rank;
+every result checked. Ranks share the GPU's time slices, so these are the
+costs of one GPU's contexts taking turns, not of NVLink.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import os
+import statistics
+import sys
+import tempfile
+
+if __package__ in (None, ""):  # run as a script: the repository's root is one folder up
+    sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+MODES = ("host", "device", "device+graph")
+
+
+def _rank(rank: int, world: int, init: str, mode: str, nbytes: int, iters: int, out) -> None:
+    os.environ.update(SMDDP_CUDA_RANKS_PER_GPU=str(world), SMDDP_CUDA_SYNC=mode.split("+")[0])
+    import torch
+    import torch.distributed as dist
+
+    import smddp  # noqa: F401
+
+    torch.cuda.set_device(0)
+    dist.init_process_group("smddp", init_method=init, rank=rank, world_size=world,
+                            timeout=datetime.timedelta(seconds=120))
+    cpu = dist.new_group(backend="gloo")
+    x = torch.zeros(nbytes // 4, device="cuda")
+    want = float(sum(range(world)))
+
+    def call() -> None:
+        x.fill_(float(rank))
+        dist.all_reduce(x)
+
+    for _ in range(5):
+        call()
+    torch.cuda.synchronize()
+    run = call
+    per_run = 1
+    if mode.endswith("+graph"):
+        graph = torch.cuda.CUDAGraph()
+        per_run = 10
+        with torch.cuda.graph(graph, capture_error_mode="thread_local"):
+            for _ in range(per_run):
+                call()
+        run = graph.replay
+        run()
+        torch.cuda.synchronize()
+    ok = bool(torch.all(x == want))
+    times = []
+    for _ in range(iters):
+        dist.barrier(group=cpu)
+        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        a.record()
+        run()
+        b.record()
+        b.synchronize()
+        t = torch.tensor([a.elapsed_time(b) * 1e3 / per_run])
+        dist.all_reduce(t, op=dist.ReduceOp.MAX, group=cpu)
+        times.append(t.item())
+    ok = ok and bool(torch.all(x == want))
+    if rank == 0:
+        out.put({"mode": mode, "bytes": nbytes, "latency_us": statistics.median(times), "ok": ok})
+    dist.destroy_process_group()
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--nproc", type=int, default=2, help="ranks, all on one GPU")
+    p.add_argument("--bytes", default="4K", help="bytes of the AllReduce")
+    p.add_argument("-n", "--iters", type=int, default=200, help="timed runs per mode")
+    p.add_argument("--modes", default=",".join(MODES), help=f"of {', '.join(MODES)}")
+    p.add_argument("--json", default=None, help="the record (kind gpu-latency)")
+    args = p.parse_args(argv)
+    import torch
+    import torch.multiprocessing as mp
+
+    from smddp.bench import record, table, timing
+    from smddp.bench.units import parse_size
+
+    if not torch.cuda.is_available():
+        print("no GPU")
+        return 1
+    nbytes = parse_size(args.bytes)
+    ctx = mp.get_context("spawn")
+    rows = []
+    for mode in args.modes.split(","):
+        q = ctx.Queue()
+        init = "file://" + tempfile.mktemp(prefix="smddp-latency-")
+        procs = [ctx.Process(target=_rank, args=(r, args.nproc, init, mode, nbytes, args.iters, q))
+                 for r in range(args.nproc)]  # fmt: skip
+        for pr in procs:
+            pr.start()
+        try:
+            rows.append(q.get(timeout=300))
+        finally:
+            for pr in procs:
+                pr.join(timeout=30)
+                if pr.is_alive():
+                    pr.kill()
+    device = torch.cuda.get_device_name(0)
+    cols = [table.Column("mode"), table.Column("bytes"), table.Column("latency", "(us)", "{:.1f}"),
+            table.Column("ok")]
+    print(f"# small CUDA AllReduce, {args.nproc} ranks sharing {device} (one GPU's time slices, not NVLink)")
+    print(table.text(cols, [[r["mode"], r["bytes"], r["latency_us"], "yes" if r["ok"] else "NO"] for r in rows]))
+    if args.json:
+        how = timing.Timing(timing.BARRIER_EACH, warmup=5, block_warmup=0, iters=args.iters, rounds=1)
+        rec = record.new("gpu-latency", ["python", "bench/gpu_latency.py", *(argv or sys.argv[1:])],
+                         vars(args), how, device=device, results=rows)  # fmt: skip
+        rec["machine"].update(device="cuda", gpus=[device])
+        record.write(rec, args.json)
+    return 0 if all(r["ok"] for r in rows) else 3
+
+
+if __name__ == "__main__":
+    sys.exit(main())

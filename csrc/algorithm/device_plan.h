@@ -1,0 +1,83 @@
+// The arithmetic of the CUDA schedules that needs no GPU: how a reduction is
+// cut into a scalar head, 16-byte vectors and a scalar tail; how a node's
+// AllReduce cuts its slices so that every slice starts 16-byte aligned; how a
+// peer's blocks that land at regular offsets become one strided copy. Torch-
+// and CUDA-free, so that the native tests check it on the host; the CUDA
+// path (algorithm/cuda/) only executes the plans.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <vector>
+
+namespace smddp::algorithm {
+
+// How a reduction of `count` elements of `elem_size` bytes over buffers at
+// `addrs` (the destination and every source) is cut: `head` elements one at a
+// time until every buffer is 16-byte aligned, `vectors` 16-byte vectors, the
+// `tail` elements left one at a time. Buffers that are not all misaligned
+// alike cannot be vectorized together: then everything is head.
+struct AlignedSplit {
+  size_t head = 0;
+  size_t vectors = 0;
+  size_t tail = 0;
+  size_t elemsPerVector = 1;
+};
+
+inline AlignedSplit alignedSplit(const uintptr_t* addrs, int n, size_t count, size_t elem_size) {
+  AlignedSplit s;
+  s.elemsPerVector = 16 / elem_size;
+  const uintptr_t mis = n > 0 ? addrs[0] % 16 : 0;
+  bool alike = elem_size > 0 && 16 % elem_size == 0;
+  for (int i = 0; i < n && alike; ++i) {
+    alike = addrs[i] % 16 == mis;
+  }
+  const size_t to_align = (16 - mis) % 16;
+  if (!alike || to_align % elem_size != 0) {
+    s.head = count;
+    return s;
+  }
+  s.head = to_align / elem_size < count ? to_align / elem_size : count;
+  const size_t rest = count - s.head;
+  s.vectors = rest / s.elemsPerVector;
+  s.tail = rest - s.vectors * s.elemsPerVector;
+  return s;
+}
+
+// Slice i of `count` elements cut into `parts`: every boundary but the end is
+// a multiple of `align` elements (a slice may be empty), the sizes as even as
+// that allows, the same on every rank.
+struct AlignedSlices {
+  size_t count;
+  size_t parts;
+  size_t align;
+
+  size_t begin(size_t i) const {
+    const size_t units = (count + align - 1) / align;  // whole aligned units
+    const size_t per = units / parts;
+    const size_t extra = units % parts;
+    const size_t at = (i * per + (i < extra ? i : extra)) * align;
+    return at < count ? at : count;
+  }
+  size_t size(size_t i) const {
+    return begin(i + 1 > parts ? parts : i + 1) - begin(i);
+  }
+};
+
+// Whether `offsets` (two or more) are evenly spaced, and by how much: the
+// blocks a peer contributes to an output then move in one strided copy.
+inline bool evenlySpaced(const std::vector<size_t>& offsets, size_t* stride) {
+  if (offsets.size() < 2 || offsets[1] <= offsets[0]) {
+    return false;
+  }
+  const size_t d = offsets[1] - offsets[0];
+  for (size_t i = 2; i < offsets.size(); ++i) {
+    if (offsets[i] <= offsets[i - 1] || offsets[i] - offsets[i - 1] != d) {
+      return false;
+    }
+  }
+  *stride = d;
+  return true;
+}
+
+} // namespace smddp::algorithm
