@@ -16,6 +16,9 @@ each rank wrote. Cases:
   are all killed: every rank (every survivor) raises DistBackendError within
   the group's timeout plus 5 s, naming the peer and the NIC;
 - FSDP2 and HSDP (examples/train_fsdp.py) train with gloo's losses (slow);
+- ``smddp-bench --cluster`` brings up a shaped cluster of its own, names its
+  hosts, NICs, rate and each rank's NIC, puts the links' limit beside each
+  backend, records it all, and removes the cluster;
 - after ``down``: no namespace, bridge, veth, mount or /dev/shm of the
   cluster is left.
 
@@ -373,6 +376,41 @@ def test_fsdp2_trains_as_with_gloo(cluster, strategy: str) -> None:
         losses[b] = re.findall(r"step +\d+ \| loss ([0-9.]+)", res.text(0))
         assert res.returncode == 0 and len(losses[b]) == 4, f"{b}: exit status {res.host_codes}\n{res.text()[-4000:]}"
     assert losses["smddp"] == losses["gloo"], losses
+
+
+@pytest.mark.timeout(300, func_only=True)
+def test_the_benchmark_on_a_cluster_of_its_own(tmp_path) -> None:
+    reason = unavailable_reason()
+    if reason:
+        pytest.skip(reason)
+    from smddp.bench import record
+
+    out = tmp_path / "bench.json"
+    cmd = [sys.executable, "-m", "smddp.bench", "--cluster", "2x1", "--nics", "1", "--rate", "1gbit",
+           "--cluster-name", "smddpb", "--backends", "smddp,gloo", "--op", "all_gather", "--sizes", "1M",
+           "-n", "3", "-w", "1", "--rounds", "2", "--json", str(out), "--plot", ""]  # fmt: skip
+    p = subprocess.run(cmd, capture_output=True, text=True, timeout=240, env={**os.environ, **_env()}, cwd=ROOT)
+    assert p.returncode == 0, p.stdout[-4000:] + p.stderr[-4000:]
+    text = p.stdout
+    assert "2 hosts x 1 ranks, 1 NICs per host at 1gbit (125 MB/s) per direction" in text, text
+    assert "h1 (hostname smddpb-h1): nic0 198.18.0.2" in text, text
+    assert "each rank's NIC: rank 0 h0 nic0 (198.18.0.1), rank 1 h1 nic0 (198.18.0.2)" in text, text
+    # AllGather of 1M between 2 hosts: each receives 512K through one NIC.
+    limit_us = (1 << 19) / 125e6 * 1e6
+    (row,) = [ln for ln in text.splitlines() if ln.startswith(" ") and f"{limit_us:.1f}" in ln]
+    assert len(re.findall(r" \d+% ", row)) == 2, row
+    rec = record.read(str(out))
+    topo = rec["topology"]
+    assert topo["launcher"] == "smddp-cluster" and topo["hosts"] == 2 and topo["nodes"] == 2, topo
+    assert topo["rank_hosts"] == ["smddpb-h0", "smddpb-h1"], topo
+    facts = topo["facts"]
+    assert (facts["hosts"], facts["nics"], facts["rate_bytes_per_s"]) == (2, 1, 125_000_000), facts
+    assert [n["nic"] for n in facts["rank_nics"]] == ["nic0", "nic0"], facts
+    (limit,) = facts["limits"]
+    assert abs(limit["limit_us"] - limit_us) < 0.1 and limit["fraction"]["smddp"] > 0, limit
+    assert rec["summary"]["wrong"] == 0
+    # It brought the cluster up, so it took it down.
+    assert Cluster(hosts=1, nics=1, name="smddpb").leftovers() == []
 
 
 @pytest.mark.timeout(60, func_only=True)

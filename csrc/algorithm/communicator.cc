@@ -1,7 +1,5 @@
 #include "algorithm/communicator.h"
 
-#include <atomic>
-
 #include "algorithm/hierarchical/hierarchical_communicator.h"
 #include "algorithm/node_collectives.h"
 #include "algorithm/ring_communicator.h"
@@ -21,37 +19,6 @@ transport::WaitPolicy waitPolicyOf(const Config& config) {
   p.yield_us =
       config.yield_us >= 0 ? config.yield_us : (oversubscribed ? autos::kYieldUsOversubscribed : autos::kYieldUs);
   return p;
-}
-
-transport::SocketMesh::Options socketOptions(const Config& config, const NetOptions& net) {
-  transport::SocketMesh::Options so;
-  so.nic = net.nic.empty() ? transport::chooseNic(config.socket_ifname, 0, 1, net.store_host) : net.nic;
-  so.peer_hint = net.store_host;
-  so.streams = config.socket_streams;
-  so.timeout = net.timeout;
-  // Where a sender and its receiver take turns on one core (the host's
-  // ranks outnumber its CPUs), autotuning grows the receive queue to
-  // megabytes and what the sender wrote has left the cache by the time the
-  // receiver runs: auto bounds the queue there, so that a chunk is read
-  // while it is still cached. Ranks with cores of their own keep
-  // autotuning (there the bound costs throughput: a sender running beside
-  // its receiver would wait on a full queue), and so does a host whose
-  // rmem_max is below the bound (the kernel would cap it anyway). See
-  // docs/design.md, "Where the time goes, as design rules".
-  constexpr size_t kAutoRcvbuf = autos::kSocketRcvbufBytes;
-  const size_t max = transport::receiveBufferMax();
-  if (config.socket_rcvbuf_bytes == kAutoBytes) {
-    so.rcvbuf_bytes = config.oversubscribed() && max >= kAutoRcvbuf ? kAutoRcvbuf : 0;
-  } else {
-    so.rcvbuf_bytes = config.socket_rcvbuf_bytes;
-    static std::atomic<bool> warned{false};
-    if (max > 0 && so.rcvbuf_bytes > max && !warned.exchange(true)) {
-      SMDDP_LOG(
-          kWarn, "SMDDP_SOCKET_RCVBUF_BYTES=", so.rcvbuf_bytes, " exceeds net.core.rmem_max (", max,
-          "): the kernel grants ", max, " bytes; raise rmem_max (sysctl) or lower the value");
-    }
-  }
-  return so;
 }
 
 namespace {
@@ -120,7 +87,8 @@ std::unique_ptr<Communicator> createCommunicator(
   n.timeout = timeout;
   const bool multi_node = topology.numNodes() > 1;
   if (!config.shm) {
-    return std::make_unique<RingCommunicator>(store, topology, config, n, nullptr, "SMDDP_SHM=0");
+    return std::make_unique<RingCommunicator>(
+        store, topology, config, transport::createNetwork(config, n), nullptr, "SMDDP_SHM=0");
   }
   auto arena = makeArena(store, topology, config, timeout);
   if (!multi_node) {
@@ -151,9 +119,11 @@ std::unique_ptr<Communicator> createCommunicator(
     } else if (topology.rank() == 0 && config.algo != Algo::kRing) {
       SMDDP_LOG(kWarn, "using the flat ring: ", why);
     }
-    return std::make_unique<RingCommunicator>(store, topology, config, n, std::move(arena), why);
+    return std::make_unique<RingCommunicator>(
+        store, topology, config, transport::createNetwork(config, n), std::move(arena), why);
   }
-  return std::make_unique<HierarchicalCommunicator>(store, topology, config, n, std::move(arena));
+  return std::make_unique<HierarchicalCommunicator>(
+      store, topology, config, transport::createNetwork(config, n), std::move(arena));
 }
 
 } // namespace smddp::algorithm

@@ -23,20 +23,13 @@
 #include "common/config.h"
 #include "common/store.h"
 #include "topology/topology.h"
+#include "transport/network.h"
 #include "transport/shm/futex.h"
-#include "transport/socket/socket_mesh.h"
 
 namespace smddp::algorithm {
 
-// Where the inter-node sockets listen and connect from: this rank's NIC
-// (transport::chooseNic() over SMDDP_SOCKET_IFNAME, chosen by the caller from
-// the rank's place on its host); empty: the list's first entry, or the
-// address that routes to the store's host.
-struct NetOptions {
-  std::string store_host;
-  transport::Nic nic;
-  std::chrono::milliseconds timeout{30000};  // bounds the set-up
-};
+// This rank's NIC and the set-up's bound (transport/network.h).
+using NetOptions = transport::NetOptions;
 
 class Communicator {
  public:
@@ -56,8 +49,9 @@ class Communicator {
   virtual std::string describe() const = 0;
 };
 
-// Collective over the group: builds the transports the schedule needs;
-// `timeout` bounds set-up. Every rank reaches the same choice.
+// Collective over the group: builds the transports the schedule needs (the
+// network between nodes from transport::createNetwork()); `timeout` bounds
+// set-up. Every rank reaches the same choice.
 std::unique_ptr<Communicator> createCommunicator(
     Store& store,
     const topology::Topology& topology,
@@ -68,9 +62,5 @@ std::unique_ptr<Communicator> createCommunicator(
 // The wait policy and the way a channel driver checks for aborts, shared by
 // the communicators.
 transport::WaitPolicy waitPolicyOf(const Config& config);
-
-// The inter-node sockets' options from the knobs (SMDDP_SOCKET_*), with
-// their "auto" values resolved for this host.
-transport::SocketMesh::Options socketOptions(const Config& config, const NetOptions& net);
 
 } // namespace smddp::algorithm

@@ -11,28 +11,26 @@ RingCommunicator::RingCommunicator(
     Store& store,
     const topology::Topology& topology,
     const Config& config,
-    const NetOptions& net,
+    std::unique_ptr<transport::Network> network,
     std::unique_ptr<transport::NodeArena> arena,
     const std::string& why)
-    : topo_(topology), config_(config), why_(why), arena_(std::move(arena)) {
+    : topo_(topology), config_(config), why_(why), arena_(std::move(arena)), network_(std::move(network)) {
   const int n = topo_.size();
   const int r = topo_.rank();
   const int next = (r + 1) % n;
   const int prev = (r + n - 1) % n;
   auto same_node = [&](int peer) { return arena_ && topo_.nodeOf(peer) == topo_.myNode(); };
-  std::vector<int> socket_peers;
+  std::vector<int> net_peers;
   if (n > 1) {
     if (!same_node(next)) {
-      socket_peers.push_back(next);
+      net_peers.push_back(next);
     }
     if (!same_node(prev) && prev != next) {
-      socket_peers.push_back(prev);
+      net_peers.push_back(prev);
     }
   }
-  const transport::SocketMesh::Options so = socketOptions(config_, net);
-  // Collective over the group even for ranks without socket peers: every
-  // rank publishes its address and rank 0 the group's secret.
-  mesh_ = std::make_unique<transport::SocketMesh>(store, "smddp/ring", r, socket_peers, so);
+  // Collective over the group even for ranks without peers on other nodes.
+  mesh_ = network_->connect(store, "smddp/ring", r, net_peers);
   if (n > 1) {
     if (same_node(next)) {
       shm_next_ = std::make_unique<transport::ShmChannel>(*arena_, topo_.localRankOf(next), next);
@@ -72,7 +70,7 @@ Ring RingCommunicator::ringFor(const OpArgs& args) const {
   };
   const uint64_t seq = args.seq;
   ring.drive.what = [seq, this] {
-    // Socket neighbours are described with their address and NIC; a
+    // Neighbours on other nodes are described with their address and NIC; a
     // shared-memory one by its rank.
     auto who = [this](int peer) { return mesh_ ? mesh_->describePeer(peer) : str("rank ", peer); };
     const int next = next_->peer();
@@ -147,7 +145,7 @@ void RingCommunicator::interrupt(const std::string& why) {
 }
 
 std::string RingCommunicator::describe() const {
-  return str("ring", arena_ ? " (shm+tcp)" : " (tcp)", ", ", topo_.describe());
+  return str("ring (", arena_ ? "shm+" : "", network_->transport(), "), ", topo_.describe());
 }
 
 } // namespace smddp::algorithm

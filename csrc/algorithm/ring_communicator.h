@@ -1,6 +1,6 @@
 // The flat ring over a whole group: members in group-rank order, each hop a
 // shared-memory channel when both ends share a node (and SMDDP_SHM is on),
-// a socket otherwise. Used when asked for (SMDDP_ALGO=ring), when the
+// a channel of the network between nodes otherwise. Used when asked for (SMDDP_ALGO=ring), when the
 // topology is not uniform, and when hierarchical schedules cannot run.
 //
 // Drawn for 2 nodes x 2 ranks: 0 -shm-> 1 -tcp-> 2 -shm-> 3 -tcp-> 0.
@@ -13,20 +13,21 @@
 
 #include "algorithm/communicator.h"
 #include "algorithm/ring.h"
+#include "transport/network.h"
 #include "transport/shm/node_arena.h"
 #include "transport/shm/shm_channel.h"
-#include "transport/socket/socket_mesh.h"
 
 namespace smddp::algorithm {
 
 class RingCommunicator : public Communicator {
  public:
-  // `arena` (optional) is the node's arena, for the hops inside the node.
+  // `network` reaches the other nodes; `arena` (optional) is the node's
+  // arena, for the hops inside the node.
   RingCommunicator(
       Store& store,
       const topology::Topology& topology,
       const Config& config,
-      const NetOptions& net,
+      std::unique_ptr<transport::Network> network,
       std::unique_ptr<transport::NodeArena> arena,
       const std::string& why);
 
@@ -46,7 +47,8 @@ class RingCommunicator : public Communicator {
   Config config_;
   std::string why_;
   std::unique_ptr<transport::NodeArena> arena_;
-  std::unique_ptr<transport::SocketMesh> mesh_;
+  std::unique_ptr<transport::Network> network_;
+  std::unique_ptr<transport::Mesh> mesh_;
   std::unique_ptr<transport::ShmChannel> shm_next_;
   std::unique_ptr<transport::ShmChannel> shm_prev_;
   transport::Channel* next_ = nullptr;

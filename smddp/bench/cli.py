@@ -19,7 +19,7 @@ import time
 
 import torch
 
-from smddp.bench import launch, sweep, timing
+from smddp.bench import cluster_run, launch, sweep, timing
 from smddp.bench import ops as _ops
 from smddp.bench.units import OP_ALIASES, HelpFormatter, SizeOptions, arg, at_least, choose
 from smddp.bench.units import format_size, positive
@@ -116,6 +116,7 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--plot", default=DEFAULT_PLOT, help="PNG plot of busbw against size")
     g.add_argument("--no-save", action="store_true", help="write neither the JSON nor the plot")
     g.add_argument("--no-progress", action="store_true", help="no progress bar")
+    cluster_run.add_arguments(p)
     return p
 
 
@@ -177,6 +178,8 @@ def run(argv: list[str]) -> int:
     """The benchmark sweep (the default command)."""
     parser = build_parser()
     ns = parser.parse_args(argv)
+    if ns.cluster:
+        return cluster_run.run(ns, parser, argv)
     if launch.launched_externally():
         settings, world, rpn = resolve(ns, parser, argv, int(os.environ["WORLD_SIZE"]))
         if not os.environ.get("MASTER_ADDR") or not os.environ.get("MASTER_PORT"):

@@ -19,7 +19,7 @@ from typing import Any, Sequence
 import numpy as np
 
 from smddp.bench import ops as _ops
-from smddp.bench import record, views
+from smddp.bench import cluster_run, record, views
 from smddp.bench.units import HelpFormatter, SizeOptions, arg, at_least, choose, format_size
 from smddp.bench.units import parse_counts, parse_size, parse_size_list, positive
 
@@ -179,7 +179,10 @@ def build_parser(prog: str = "smddp-bench model") -> argparse.ArgumentParser:
         "with measurements.",
         formatter_class=HelpFormatter,
     )
-    p.add_argument("--preset", choices=sorted(PRESETS), default="p4d", help="machine")
+    p.add_argument("--preset", choices=[*sorted(PRESETS), "cluster"], default="p4d",
+                   help="machine; cluster: the cluster of namespaces smddp-cluster makes, "
+                   "calibrated and measured on it, at 4M,16M,64M unless sizes are given "
+                   "(smddp.bench.cluster_model)")
     p.add_argument("--nodes", type=arg(parse_counts), default="16,128",
                    help="comma list of node counts")
     SIZES.add(p)
@@ -203,6 +206,7 @@ def build_parser(prog: str = "smddp-bench model") -> argparse.ArgumentParser:
                    help="timed calls per size for --calibrate")
     g.add_argument("--timeout", type=positive, default=900.0, help="seconds --calibrate may take")
     p.add_argument("--json", help="write the estimates (or the calibration) to this file")
+    cluster_run.add_arguments(p, nics=False)
     return p
 
 
@@ -228,6 +232,10 @@ def main(argv: list[str], prog: str = "smddp-bench model", calibrate: bool = Fal
     """``smddp-bench model`` (and ``smddp-bench calibrate``)."""
     parser = build_parser(prog)
     ns = parser.parse_args(argv)
+    if ns.preset == "cluster":  # its own sizes, and its constants from the cluster
+        from smddp.bench import cluster_model
+
+        return cluster_model.main(ns, parser, argv)
     try:
         sizes = SIZES.parse(ns)
     except ValueError as e:

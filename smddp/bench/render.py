@@ -20,7 +20,7 @@ import os
 import re
 import sys
 
-from smddp.bench import record, views
+from smddp.bench import links, record, views
 
 MARKER = re.compile(
     r"(<!-- smddp-bench:table (?P<path>\S+) -->\n)(?P<body>.*?)(<!-- /smddp-bench:table -->)",
@@ -35,7 +35,8 @@ def render(text: str, base: str) -> str:
     def one(m: re.Match) -> str:
         path = os.path.join(base, m["path"])
         try:
-            return m.group(1) + views.markdown(record.read(path)) + "\n" + m.group(4)
+            rec = record.read(path)
+            return m.group(1) + views.markdown(rec, links.markdown_view(rec)) + "\n" + m.group(4)
         except ValueError as e:
             raise ValueError(f"{path}: {e}") from None
 

@@ -28,7 +28,7 @@ import torch.distributed as dist
 import torch.nn.functional as F
 
 from smddp import _gpt as gpt
-from smddp.bench import launch, record, views
+from smddp.bench import cluster_run, launch, record, views
 from smddp.bench.units import arg, at_least, choose
 
 VOCAB = 512
@@ -116,9 +116,13 @@ def run(s: argparse.Namespace, say: Any = lambda _msg: None) -> dict[str, dict[s
     if s.ranks_per_node:
         env["SMDDP_RANKS_PER_NODE"] = str(s.ranks_per_node)
     ranks = {b: launch.Ranks(f"smddp-bench step ({b})") for b in s.backends}
+    entry = _rank_main
+    if getattr(s, "hosts", None) is not None:  # each rank in its host of the cluster
+        entry = cluster_run.in_hosts(_rank_main, s.hosts)
+        env.update(cluster_run.SPAWN_ENV)
     try:
         for b in s.backends:
-            ranks[b].spawn(_rank_main, s.world, (b, s), env, pipes=True)
+            ranks[b].spawn(entry, s.world, (b, s), env, pipes=True)
         for b in s.backends:
             ranks[b].ask(None, s.timeout, "start-up", send=False)
         say(f"ranks of {', '.join(s.backends)} ready; {s.warmup} warm-up step(s) each")
@@ -212,6 +216,7 @@ def build_parser() -> argparse.ArgumentParser:
     add("--timeout", type=float, default=600.0,
         help="seconds any rank may take to start or to finish a step")
     add("--json", metavar="FILE", default="", help="also write the results here")
+    cluster_run.add_arguments(p)
     return p
 
 
@@ -219,6 +224,8 @@ def parse_settings(argv: Sequence[str]) -> argparse.Namespace:
     """The arguments, checked, with the preset's shape filled in."""
     parser = build_parser()
     s = parser.parse_args(list(argv))
+    if s.cluster:  # --world, and the replicas of hsdp, from the cluster's hosts
+        cluster_run.step_shape(s, parser)
     preset = PRESETS[s.preset]
     if s.ranks_per_node and s.world % s.ranks_per_node:
         parser.error(f"--ranks-per-node {s.ranks_per_node} does not divide --world {s.world}")
@@ -248,8 +255,17 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 2
     print(f"# smddp-bench step: {s.strategy}, {s.world} ranks x {len(s.backends)} backends, "
           f"{s.preset} ({s.num_params:,} parameters)", flush=True)  # fmt: skip
-    settings = {k: v for k, v in vars(s).items() if k not in ("argv", "json")}
+    if s.cluster:
+        return cluster_run.step(s, _measure)
+    return _measure(s)
+
+
+def _measure(s: argparse.Namespace) -> int:
+    skip = ("argv", "json", "hosts", "cluster_facts")
+    settings = {k: v for k, v in vars(s).items() if k not in skip}
     rec = record.new("step", s.argv, settings)
+    if getattr(s, "cluster_facts", None):
+        rec["topology"] = {"launcher": cluster_run.LAUNCHER, "facts": s.cluster_facts}
     try:
         rec["results"] = run(s, lambda msg: print(f"# {msg}", file=sys.stderr, flush=True))
     except launch.RankError as e:

@@ -169,9 +169,9 @@ class Sweep:
 
     bar: Any = None  # rank 0's progress bar, once the sweep has run for a while
 
-    def __init__(self, s: Any, comm: TorchComm, groups: dict[str, Any],
-                 device: torch.device, topology: dict[str, Any]):  # fmt: skip
-        self.s, self.comm, self.groups = s, comm, groups
+    def __init__(self, s: Any, comm: TorchComm, groups: dict[str, Any], device: torch.device,
+                 topology: dict[str, Any], view: Any = views):  # fmt: skip
+        self.s, self.comm, self.groups, self.view = s, comm, groups, view
         self.rank, self.world = comm.rank, comm.world
         self.device, self.topology = device, topology
         self.sync = torch.cuda.synchronize if device.type == "cuda" else None
@@ -211,9 +211,9 @@ class Sweep:
             for op in s.ops:
                 for dtype in s.dtypes:
                     redop = s.redop if _ops.OPS[op].reduces else "none"
-                    self.print(views.sweep_header(op, dtype, redop, s.backends,
-                                                  self.topology["label"], self.device.type,
-                                                  s.inplace))  # fmt: skip
+                    self.print(self.view.sweep_header(op, dtype, redop, s.backends,
+                                                      self.topology["label"], self.device.type,
+                                                      s.inplace))  # fmt: skip
                     skip: dict[str, str] = {}
                     table: list[dict[str, Any]] = []
                     for nbytes in s.sizes:
@@ -230,14 +230,14 @@ class Sweep:
                         recs = self.measure(op, dtype, nbytes, skip)
                         if recs:
                             table += recs
-                            self.print(views.sweep_row(recs, s.backends))
+                            self.print(self.view.sweep_row(recs, s.backends))
                         elif recs is None:
                             self.print(f"# {nbytes} B: less than one {dtype} element per rank, "
                                        "skipped")  # fmt: skip
                         done += 1
                         if self.bar is not None:
                             self.bar.update(1)
-                    self.print(views.sweep_footer(table, s.backends))
+                    self.print(self.view.sweep_footer(table, s.backends))
                     results += table
         finally:
             if self.bar is not None:
@@ -307,7 +307,13 @@ def run_rank(settings: Any, rank: int, world: int, init_method: str,
         comm = TorchComm(dist.group.WORLD)
         groups = {b: new_group(b, timeout) for b in s.backends}
         topo = detect_topology(world, comm.ctrl, s.launcher)
-        sweep = Sweep(s, comm, groups, device, topo)
+        view: Any = views
+        if s.launcher == "smddp-cluster":  # each rank's NIC; the links' limit in the tables
+            from smddp.bench import cluster_run
+
+            view = cluster_run.on_cluster(s, groups, comm)
+            topo["facts"] = s.facts
+        sweep = Sweep(s, comm, groups, device, topo, view)
         results = sweep.run()
         status = 0
         if rank == 0:

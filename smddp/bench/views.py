@@ -375,12 +375,16 @@ MARKDOWN: dict[str, Callable[[dict[str, Any]], tuple[str, str]]] = {
 }  # fmt: skip
 
 
-def markdown(rec: dict[str, Any]) -> str:
+def markdown(rec: dict[str, Any],
+             view: Callable[[dict[str, Any]], tuple[str, str]] | None = None) -> str:  # fmt: skip
     """A record's table for the docs, with what it shows, how the calls were
-    timed, the machine and the command that produced the record."""
-    if rec["kind"] not in MARKDOWN:
+    timed, the machine and the command that produced the record; ``view``:
+    the table and sentence of a record another module knows (the cluster's,
+    smddp.bench.links.markdown_view), instead of its kind's."""
+    view = view or MARKDOWN.get(rec["kind"])
+    if view is None:
         raise ValueError(f"no table for records of kind {rec['kind']!r}")
-    text, what = MARKDOWN[rec["kind"]](rec)
+    text, what = view(rec)
     m = rec["machine"]
     load = m.get("load_average", {})
     machine = (f"{m['cpu_model']}, {m['cpu_cores']} cores ({m['cpu_cores_available']} available), "

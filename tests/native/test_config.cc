@@ -5,6 +5,7 @@
 #include "algorithm/communicator.h"
 #include "common/config.h"
 #include "harness.h"
+#include "transport/socket/socket_network.h"
 
 using namespace smddp;
 
@@ -113,26 +114,26 @@ SMDDP_TEST(auto_values_and_their_resolution) {
 }
 
 SMDDP_TEST(socket_receive_buffer_resolution) {
-  algorithm::NetOptions net;
+  transport::NetOptions net;
   Config c = withEnv({});
   EXPECT_EQ(c.socket_rcvbuf_bytes, kAutoBytes);
   // Ranks with cores of their own keep the kernel's autotuning.
   c.host_ranks = 2;
   c.host_cpus = 2;
-  EXPECT_EQ(algorithm::socketOptions(c, net).rcvbuf_bytes, size_t{0});
+  EXPECT_EQ(transport::socketOptions(c, net).rcvbuf_bytes, size_t{0});
   // Ranks taking turns on cores get the bound, where rmem_max allows it.
   c.host_ranks = 4;
   const size_t bound = transport::receiveBufferMax() >= (size_t{1} << 20) ? size_t{1} << 20 : 0;
-  EXPECT_EQ(algorithm::socketOptions(c, net).rcvbuf_bytes, bound);
+  EXPECT_EQ(transport::socketOptions(c, net).rcvbuf_bytes, bound);
   // Explicit values win either way; 0 is autotuning.
   Config d = withEnv({{"SMDDP_SOCKET_RCVBUF_BYTES", "256K"}, {"SMDDP_SOCKET_STREAMS", "3"}});
-  auto so = algorithm::socketOptions(d, net);
+  auto so = transport::socketOptions(d, net);
   EXPECT_EQ(so.rcvbuf_bytes, size_t{256} << 10);
   EXPECT_EQ(so.streams, 3);
   d = withEnv({{"SMDDP_SOCKET_RCVBUF_BYTES", "0"}});
   d.host_ranks = 4;
   d.host_cpus = 2;
-  EXPECT_EQ(algorithm::socketOptions(d, net).rcvbuf_bytes, size_t{0});
+  EXPECT_EQ(transport::socketOptions(d, net).rcvbuf_bytes, size_t{0});
   EXPECT_THROWS(withEnv({{"SMDDP_SOCKET_RCVBUF_BYTES", "2G"}}), kConfig, "SMDDP_SOCKET_RCVBUF_BYTES");
   EXPECT_THROWS(withEnv({{"SMDDP_SOCKET_RCVBUF_BYTES", "big"}}), kConfig, "SMDDP_SOCKET_RCVBUF_BYTES");
 }

@@ -12,9 +12,9 @@ HierarchicalCommunicator::HierarchicalCommunicator(
     Store& store,
     const topology::Topology& topology,
     const Config& config,
-    const NetOptions& net,
+    std::unique_ptr<transport::Network> network,
     std::unique_ptr<transport::NodeArena> arena)
-    : stages_(store, topology, config, net, std::move(arena)) {}
+    : stages_(store, topology, config, std::move(network), std::move(arena)) {}
 
 void HierarchicalCommunicator::allGather(const OpArgs& args) {
   hierarchical::allGather(stages_, args);
@@ -45,7 +45,8 @@ void HierarchicalCommunicator::interrupt(const std::string& why) {
 }
 
 std::string HierarchicalCommunicator::describe() const {
-  return str("hierarchical (shm+single-copy in nodes, tcp rails), ", stages_.topo().describe());
+  return str("hierarchical (shm+single-copy in nodes, ", stages_.network().transport(), " rails), ",
+             stages_.topo().describe());
 }
 
 } // namespace smddp::algorithm

@@ -36,12 +36,13 @@ namespace smddp::algorithm {
 
 class HierarchicalCommunicator : public Communicator {
  public:
-  // Requires a uniform topology and single-copy reads inside the node.
+  // Requires a uniform topology and single-copy reads inside the node;
+  // `network` carries the rails.
   HierarchicalCommunicator(
       Store& store,
       const topology::Topology& topology,
       const Config& config,
-      const NetOptions& net,
+      std::unique_ptr<transport::Network> network,
       std::unique_ptr<transport::NodeArena> arena);
 
   void allGather(const OpArgs& args) override;

@@ -13,9 +13,9 @@ Stages::Stages(
     Store& store,
     const topology::Topology& topology,
     const Config& config,
-    const NetOptions& net,
+    std::unique_ptr<transport::Network> network,
     std::unique_ptr<transport::NodeArena> arena)
-    : topo_(topology), config_(config), arena_(std::move(arena)) {
+    : topo_(topology), config_(config), arena_(std::move(arena)), network_(std::move(network)) {
   SMDDP_ASSERT(topo_.uniform(), "hierarchical schedules need a uniform topology");
   node_ = std::make_unique<NodeCollectives>(*arena_, config_);
   rail_ = topo_.railRanks(topo_.myLocalRank());
@@ -28,8 +28,7 @@ Stages::Stages(
       peers.push_back(rail_[mod(n - 1, N)]);
     }
   }
-  const transport::SocketMesh::Options so = socketOptions(config_, net);
-  mesh_ = std::make_unique<transport::SocketMesh>(store, "smddp/rail", topo_.rank(), peers, so);
+  mesh_ = network_->connect(store, "smddp/rail", topo_.rank(), peers);
   if (N > 1) {
     rail_next_ = &mesh_->channel(rail_[mod(n + 1, N)]);
     rail_prev_ = &mesh_->channel(rail_[mod(n - 1, N)]);

@@ -1,5 +1,6 @@
 // What the hierarchical collectives share: the node's arena and its
-// collectives (the node stage), the sockets of the rail (the rail stage),
+// collectives (the node stage), the rail's channels of the network between
+// nodes (the rail stage),
 // the thread that runs the rail beside the node, the hand-off between them,
 // and the scratch kept between calls.
 //
@@ -41,8 +42,8 @@
 #include "algorithm/reduce.h"
 #include "algorithm/ring.h"
 #include "common/host_buffer.h"
+#include "transport/network.h"
 #include "transport/shm/node_arena.h"
-#include "transport/socket/socket_mesh.h"
 
 namespace smddp::algorithm::hierarchical {
 
@@ -54,12 +55,12 @@ enum class RailOn : uint8_t { kCaller, kStageThread };
 class Stages {
  public:
   // Requires a uniform topology and single-copy reads inside the node.
-  // Collective over the group (the rail's sockets).
+  // Collective over the group (the rail's connections over `network`).
   Stages(
       Store& store,
       const topology::Topology& topology,
       const Config& config,
-      const NetOptions& net,
+      std::unique_ptr<transport::Network> network,
       std::unique_ptr<transport::NodeArena> arena);
   ~Stages();
   Stages(const Stages&) = delete;
@@ -76,6 +77,9 @@ class Stages {
   }
   NodeCollectives& node() {
     return *node_;
+  }
+  const transport::Network& network() const {
+    return *network_;
   }
   // Group ranks of my rail, by node.
   const std::vector<int>& rail() const {
@@ -158,7 +162,8 @@ class Stages {
   Config config_;
   std::unique_ptr<transport::NodeArena> arena_;
   std::unique_ptr<NodeCollectives> node_;
-  std::unique_ptr<transport::SocketMesh> mesh_;
+  std::unique_ptr<transport::Network> network_;
+  std::unique_ptr<transport::Mesh> mesh_;
   std::vector<int> rail_;
   transport::Channel* rail_next_ = nullptr;
   transport::Channel* rail_prev_ = nullptr;

@@ -1,12 +1,14 @@
 // TCP connections between the ranks of a group that sit on different nodes.
 //
-// Set-up (collective over the group; every rank names the peers it needs,
-// and the relation must be symmetric): group rank 0 puts a random 128-bit
+// The Mesh of the TCP transport (transport/network.h; SocketNetwork makes
+// it). Set-up (collective over the group; every rank names the peers it
+// needs, and the relation must be symmetric): group rank 0 puts a random 128-bit
 // secret in the store; every rank listens on an ephemeral port of its NIC's
 // address (Options::nic, see chooseNic()) and publishes it; for each pair
 // the lower rank connects `streams` times, from its NIC's address. So each
 // direction of a pair leaves its host through the sender's NIC, and both
-// directions of a rail (ranks of one local rank) travel on the rail's NICs. Each connection proves, both
+// directions of a rail (ranks of one local rank) travel on the rail's NICs.
+// Each connection proves, both
 // ways, that its ends know the secret (challenge-response with SipHash
 // MACs over fresh nonces) before anything else is read from it; a
 // connection that fails to (a stranger, junk, a wrong key) is dropped and
@@ -40,6 +42,7 @@
 
 #include "common/store.h"
 #include "transport/channel.h"
+#include "transport/network.h"
 #include "transport/socket/frame.h"
 #include "transport/socket/socket_util.h"
 
@@ -137,7 +140,7 @@ class SocketChannel : public Channel {
   uint64_t recv_base_ = 0;
 };
 
-class SocketMesh {
+class SocketMesh : public Mesh {
  public:
   struct Options {
     // This rank's NIC (chooseNic()); empty: chooseNic("", 0, 1, peer_hint).
@@ -163,26 +166,21 @@ class SocketMesh {
       int rank,
       const std::vector<int>& peers,
       const Options& options);
-  ~SocketMesh();
+  ~SocketMesh() override;
 
-  SocketChannel& channel(int peer);
-  bool has(int peer) const {
+  SocketChannel& channel(int peer) override;
+  bool has(int peer) const override {
     return channels_.count(peer) != 0;
   }
-  // From the thread that drives the channels: tell every peer why.
-  void sendAbortAll(const std::string& why);
-  // From any thread: cut every connection so blocked work fails now.
-  void shutdownAll();
+  void sendAbortAll(const std::string& why) override;
+  void shutdownAll() override;
   const std::string& listenAddress() const {
     return listen_address_;
   }
-  // The NIC every connection of this mesh is bound to.
-  const Nic& nic() const {
+  const Nic& nic() const override {
     return nic_;
   }
-  // For the schedules' messages: "rank 2 (other node, 198.18.0.2:40113)
-  // from nic0 (198.18.0.1)", or "rank 2" without a connection to it.
-  std::string describePeer(int peer) const;
+  std::string describePeer(int peer) const override;
 
  private:
   std::map<int, std::unique_ptr<SocketChannel>> channels_;
