@@ -32,8 +32,7 @@ MPI_IMPLS = ("mpich", "openmpi")
 OPS = ("all_gather", "reduce_scatter", "all_reduce")
 DTYPES = ("float32", "bfloat16")
 # Packages of each peer venv; versions come from peers_requirements.txt.
-PEER_PACKAGES = {"mpich": ("mpi4py", "mpich"), "openmpi": ("mpi4py", "openmpi"),
-                 "deepspeed": ("deepspeed",)}  # fmt: skip
+PEER_PACKAGES = {"mpich": ("mpi4py", "mpich"), "openmpi": ("mpi4py", "openmpi"), "deepspeed": ("deepspeed",)}
 ALIASES = {"fp32": "float32", "float": "float32", "f32": "float32", "bf16": "bfloat16",
            "ompi": "openmpi", "open-mpi": "openmpi", "ds": "deepspeed", **OP_ALIASES}  # fmt: skip
 
@@ -76,8 +75,7 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--venv-dir", default=".venv-peers", help="where the peer venvs live")
     how = g.add_mutually_exclusive_group()
     how.add_argument("--setup-only", action="store_true", help="create the peer venvs and stop")
-    how.add_argument("--no-setup", action="store_true",
-                     help="use the peer venvs as they are; never pip")
+    how.add_argument("--no-setup", action="store_true", help="use the peer venvs as they are; never pip")
     g.add_argument("--out", default=os.path.join("bench-results", "peers"),
                    help="prefix of the .txt, .json, .png files")
     g.add_argument("--json", help="the record here instead of OUT.json")
@@ -154,8 +152,7 @@ def plan(s: argparse.Namespace) -> tuple[list[Job], list[dict[str, Any]]]:
 def _fingerprint(name: str) -> str:
     with open(REQUIREMENTS, "rb") as f:
         h = hashlib.sha256(f.read())
-    h.update(repr((name, PEER_PACKAGES[name], sys.version, sysconfig.get_paths()["purelib"]))
-             .encode())  # fmt: skip
+    h.update(repr((name, PEER_PACKAGES[name], sys.version, sysconfig.get_paths()["purelib"])).encode())
     return h.hexdigest()[:16]
 
 
@@ -189,8 +186,7 @@ _VERSION_PROBE = {
 
 def deepspeed_env(env_path: str) -> dict[str, str]:
     """Where DeepSpeed builds and finds its shared-memory op."""
-    return {"DS_ACCELERATOR": "cpu",
-            "TORCH_EXTENSIONS_DIR": os.path.join(env_path, "torch_extensions")}  # fmt: skip
+    return {"DS_ACCELERATOR": "cpu", "TORCH_EXTENSIONS_DIR": os.path.join(env_path, "torch_extensions")}
 
 
 def ensure_env(name: str, s: argparse.Namespace, say: Callable[[str], None]) -> SimpleNamespace:
@@ -381,8 +377,7 @@ def run_job(job: Job, envs: dict[str, Any], s: argparse.Namespace, logdir: str,
             break
         f = out.failed
         if f is None or attempt == 4:
-            records.update({p: status_record(job.impl, job.world, p, "error", out.note)
-                            for p in remaining})  # fmt: skip
+            records.update({p: status_record(job.impl, job.world, p, "error", out.note) for p in remaining})
             say(f"{job.impl} {job.world} ranks: {out.note}")
             break
         records[f] = status_record(job.impl, job.world, f, out.status, out.note)
@@ -462,8 +457,7 @@ def main(argv: list[str] | None = None) -> int:
     say(f"{len(jobs)} jobs, {sum(len(j.points) for j in jobs)} points; logs in {logdir}/")
     for job in jobs:
         if job.impl in envs and not envs[job.impl].ok:
-            records += [status_record(job.impl, job.world, p, "absent", envs[job.impl].error)
-                        for p in job.points]  # fmt: skip
+            records += [status_record(job.impl, job.world, p, "absent", envs[job.impl].error) for p in job.points]
             continue
         say(f"{job.impl}: {job.world} ranks, {len(job.points)} points")
         recs, info = run_job(job, envs, s, logdir, say)

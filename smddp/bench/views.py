@@ -25,8 +25,7 @@ def rivals(backends: Sequence[str]) -> list[tuple[str, str]]:
     return [(backends[0], b) for b in backends[1:]]
 
 
-def by_point(results: list[dict], keys: Sequence[str] = ("op", "dtype", "requested_bytes")
-             ) -> list[dict[str, dict]]:  # fmt: skip
+def by_point(results: list[dict], keys: Sequence[str] = ("op", "dtype", "requested_bytes")) -> list[dict[str, dict]]:
     """The point records grouped by point, in order: each {backend: record}."""
     points: dict[tuple, dict[str, dict]] = {}
     for r in results:
@@ -65,16 +64,14 @@ _BLOCK = [Column("time", "(us)", "{:.1f}", 10), Column("algbw", "(GB/s)", "{:.3f
 
 
 def _sweep_columns(backends: Sequence[str]) -> tuple[list[Column], list[tuple[str, int]]]:
-    ratios = [Column("ratio", f"{a}/{b}", "{:.2f}", max(11, len(a + b) + 1))
-              for a, b in rivals(backends)]  # fmt: skip
+    ratios = [Column("ratio", f"{a}/{b}", "{:.2f}", max(11, len(a + b) + 1)) for a, b in rivals(backends)]
     return table.grouped(("", _LEFT), *((b, _BLOCK) for b in backends), ("", ratios))
 
 
 def sweep_header(op: str, dtype: str, redop: str, backends: Sequence[str], topology: str,
                  device: str, inplace: bool = False) -> str:  # fmt: skip
     place = "  in place" if inplace and op in ("all_gather", "reduce_scatter") else ""
-    title = (f"# {OPS[op].title} ({op}){place}  type {dtype}  redop {redop}  |  {topology}  |  "
-             f"{device}")
+    title = f"# {OPS[op].title} ({op}){place}  type {dtype}  redop {redop}  |  {topology}  |  {device}"
     return "\n".join(["#", title, "#", table.header(*_sweep_columns(backends))])
 
 
@@ -83,8 +80,7 @@ def sweep_row(recs: list[dict], backends: Sequence[str]) -> str:
     first = recs[0]
     values: list[Any] = [first["size_bytes"], first["count"], first["dtype"], first["redop"]]
     for r in (point.get(b) for b in backends):
-        values += ([r["time_us"], r["algbw_gbs"], r["busbw_gbs"], r["wrong"]] if measured(r)
-                   else ["n/a", "", "", ""])  # fmt: skip
+        values += [r["time_us"], r["algbw_gbs"], r["busbw_gbs"], r["wrong"]] if measured(r) else ["n/a", "", "", ""]
     values += [_num(ratio(point, a, b), "{:.2f}") for a, b in rivals(backends)]
     cols, groups = _sweep_columns(backends)
     return table.row(cols, values, groups)
@@ -121,8 +117,7 @@ def sweep_summary(results: list[dict], backends: Sequence[str]) -> dict[str, Any
 
 def sweep_footer(results: list[dict], backends: Sequence[str]) -> str:
     s = _table_summary(results, backends)
-    lines = ["# avg busbw (GB/s): "
-             + "  ".join(f"{b} {_num(s['avg_busbw_gbs'][b])}" for b in backends)]  # fmt: skip
+    lines = ["# avg busbw (GB/s): " + "  ".join(f"{b} {_num(s['avg_busbw_gbs'][b])}" for b in backends)]
     for key in s["ratio_of_avg_busbw"]:
         lines.append(f"# {key}: {_num(s['ratio_of_avg_busbw'][key], '{:.2f}')} (ratio of the "
                      f"averages), {_num(s['geomean_ratio'][key], '{:.2f}')} (geometric mean of "
@@ -204,8 +199,7 @@ def peer_rows(results: list[dict], impls: Sequence[str], ops: Sequence[str],
     rows = []
     for point in by_point(sorted(results, key=order), ("op", "dtype", "world", "requested_bytes")):
         first = next(iter(point.values()))
-        peers = [(r["busbw_gbs"], n) for n, r in point.items()
-                 if n != "smddp" and n in impls and _usable(r)]  # fmt: skip
+        peers = [(r["busbw_gbs"], n) for n, r in point.items() if n != "smddp" and n in impls and _usable(r)]
         best = max(peers) if peers else (None, None)
         mine = point.get("smddp")
         rows.append({k: first[k] for k in ("op", "dtype", "world", "requested_bytes", "size_bytes")}
@@ -222,8 +216,7 @@ def _peer_table(rec: dict[str, Any]) -> tuple[list[Column], list]:
     cols = [Column("op", width=14, left=True), Column("type", width=9, left=True),
             Column("size", width=5), Column("ranks", width=5)]  # fmt: skip
     cols += [Column(n, width=10) for n in impls]
-    cols += [Column("smddp/best", fmt="{:.2f}", width=10), Column("best", width=9, left=True)
-             ] if with_ratio else []  # fmt: skip
+    cols += [Column("smddp/best", fmt="{:.2f}", width=10), Column("best", width=9, left=True)] if with_ratio else []
     out: list[Any] = []
     last = None
     for row in peer_rows(rec["results"], impls, s["ops"], s["dtypes"]):
@@ -246,8 +239,7 @@ def peer_summary(rows: list[dict], results: list[dict]) -> dict[str, Any]:
     for row in rows:
         if row["smddp_over_best"] is not None:
             tables.setdefault(f"{row['op']} {row['dtype']}", []).append(row["smddp_over_best"])
-    keys = ("op", "dtype", "world", "size_bytes", "smddp_busbw_gbs", "best_peer",
-            "best_peer_busbw_gbs")  # fmt: skip
+    keys = ("op", "dtype", "world", "size_bytes", "smddp_busbw_gbs", "best_peer", "best_peer_busbw_gbs")
     behind = [{k: r[k] for k in keys} | {"ratio": r["smddp_over_best"]} for r in rows
               if r["smddp_over_best"] is not None and r["smddp_over_best"] < 1.0]  # fmt: skip
     wrong: dict[str, int] = {}
@@ -268,8 +260,7 @@ def peers_text(rec: dict[str, Any], header: str = "") -> str:
     summary = rec["summary"]
     for key, g in summary["geomean_smddp_over_best"].items():
         op, dtype = key.split()
-        lines.append(f"# {OPS[op].title} {dtype}: smddp/best, geometric mean over the cells: "
-                     f"{g:.2f}")
+        lines.append(f"# {OPS[op].title} {dtype}: smddp/best, geometric mean over the cells: {g:.2f}")
     if summary["smddp_behind"]:
         lines.append(f"# smddp behind the best peer in {len(summary['smddp_behind'])} cells:")
     for b in summary["smddp_behind"]:
