@@ -21,8 +21,7 @@ if __package__ in (None, ""):  # run as a script: the repository's root is one f
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(description=__doc__,
-                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--nproc", type=int, default=2, help="ranks, all on one GPU")
     p.add_argument("--sizes", default="1M,16M,64M,256M", help="nccl-tests sizes")
     p.add_argument("-n", "--iters", type=int, default=20, help="timed calls per size")

@@ -29,8 +29,7 @@ from smddp.bench.units import parse_size_list  # noqa: E402
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(description=__doc__,
-                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--json", default=None, help="the record (kind gpu-kernels)")
     p.add_argument("--sizes", default="64M,256M,1G", help="bytes per source buffer")
     p.add_argument("--blocks", default="16,32,64,132,264", help="block counts of the kernel")

@@ -111,8 +111,7 @@ def _rank(num_ops: int, seed: int, rank: int, world: int, init_method: str, loca
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(description=__doc__,
-                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--ops", type=int, default=10000)
     p.add_argument("--nproc", type=int, default=4)
     p.add_argument("--nodes", type=int, default=2)

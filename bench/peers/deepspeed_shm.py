@@ -22,8 +22,7 @@ def shm_problem(cdb: Any, torch: Any) -> str | None:
     """Why inference_all_reduce would not take the shared-memory path."""
     if getattr(cdb, "shm_comm_op", None) is None:
         return "DeepSpeed did not build or load its shared-memory op (ShareMemCommBuilder)"
-    if not hasattr(torch.ops, "deepspeed") or not hasattr(torch.ops.deepspeed,
-                                                            "inference_all_reduce_"):  # fmt: skip
+    if not hasattr(torch.ops, "deepspeed") or not hasattr(torch.ops.deepspeed, "inference_all_reduce_"):
         return "torch.ops.deepspeed.inference_all_reduce_ is not registered"
     if getattr(cdb, "shm_vector_kernel_level", 0) < 2:
         return "this CPU lacks AVX-512BW, which the bfloat16 shared-memory kernels need"

@@ -8,6 +8,7 @@ import argparse
 import contextlib
 import hashlib
 import importlib.util
+import itertools
 import json
 import os
 import shutil
@@ -31,8 +32,7 @@ MPI_IMPLS = ("mpich", "openmpi")
 OPS = ("all_gather", "reduce_scatter", "all_reduce")
 DTYPES = ("float32", "bfloat16")
 # Packages of each peer venv; versions come from peers_requirements.txt.
-PEER_PACKAGES = {"mpich": ("mpi4py", "mpich"), "openmpi": ("mpi4py", "openmpi"),
-                 "deepspeed": ("deepspeed",)}  # fmt: skip
+PEER_PACKAGES = {"mpich": ("mpi4py", "mpich"), "openmpi": ("mpi4py", "openmpi"), "deepspeed": ("deepspeed",)}
 ALIASES = {"fp32": "float32", "float": "float32", "f32": "float32", "bf16": "bfloat16",
            "ompi": "openmpi", "open-mpi": "openmpi", "ds": "deepspeed", **OP_ALIASES}  # fmt: skip
 
@@ -54,14 +54,11 @@ def build_parser() -> argparse.ArgumentParser:
         description="smddp, gloo, MPICH, Open MPI and DeepSpeed's shared-memory collectives on "
         "this host, measured alike, in one table (busbw and smddp's ratio to the best peer).",
     )  # fmt: skip
-    names = lambda allowed, what: arg(  # noqa: E731
-        lambda text: choose(text, allowed, what, ALIASES, canonical=True))
     g = p.add_argument_group("what to run")
-    g.add_argument("--impls", type=names(IMPLS, "implementation"), default=",".join(IMPLS),
-                   help="comma list, or all")
-    g.add_argument("--ops", type=names(OPS, "op"), default=",".join(OPS), help="comma list, or all")
-    g.add_argument("--dtypes", type=names(DTYPES, "dtype"), default=",".join(DTYPES),
-                   help="comma list, or all")
+    for flag, allowed, what in (("--impls", IMPLS, "implementation"), ("--ops", OPS, "op"),
+                                ("--dtypes", DTYPES, "dtype")):  # fmt: skip
+        names = lambda text, allowed=allowed, what=what: choose(text, allowed, what, ALIASES, True)  # noqa: E731
+        g.add_argument(flag, type=arg(names), default=",".join(allowed), help="comma list, or all")
     g.add_argument("--sizes", type=arg(lambda text: tuple(sorted(set(parse_size_list(text))))),
                    default="4K,64K,1M,16M,256M", help="comma list of nccl-tests sizes")
     g.add_argument("--ranks", type=arg(lambda text: parse_counts(text, 2)), default="2,4,8",
@@ -78,8 +75,7 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--venv-dir", default=".venv-peers", help="where the peer venvs live")
     how = g.add_mutually_exclusive_group()
     how.add_argument("--setup-only", action="store_true", help="create the peer venvs and stop")
-    how.add_argument("--no-setup", action="store_true",
-                     help="use the peer venvs as they are; never pip")
+    how.add_argument("--no-setup", action="store_true", help="use the peer venvs as they are; never pip")
     g.add_argument("--out", default=os.path.join("bench-results", "peers"),
                    help="prefix of the .txt, .json, .png files")
     g.add_argument("--json", help="the record here instead of OUT.json")
@@ -137,20 +133,16 @@ def plan(s: argparse.Namespace) -> tuple[list[Job], list[dict[str, Any]]]:
     """The jobs to launch, and the records of cells that need none (n/a)."""
     jobs: list[Job] = []
     fixed: list[dict[str, Any]] = []
-    for world in s.ranks:
-        for impl in s.impls:
-            job = Job(impl, world, [])
-            for op in s.ops:
-                for dtype in s.dtypes:
-                    why = unsupported(impl, op, dtype, s.mpi_bf16)
-                    for n in s.sizes:
-                        if _ops.geometry(op, n, _ops.DTYPES[dtype][0], world) is None:
-                            continue
-                        if why:
-                            fixed.append(status_record(impl, world, (op, dtype, n), "n/a", why))
-                        else:
-                            job.points.append((op, dtype, n))
-            jobs += [job] if job.points else []
+    for world, impl in itertools.product(s.ranks, s.impls):
+        job = Job(impl, world, [])
+        for op, dtype, n in itertools.product(s.ops, s.dtypes, s.sizes):
+            if _ops.geometry(op, n, _ops.DTYPES[dtype][0], world) is None:
+                continue
+            if why := unsupported(impl, op, dtype, s.mpi_bf16):
+                fixed.append(status_record(impl, world, (op, dtype, n), "n/a", why))
+            else:
+                job.points.append((op, dtype, n))
+        jobs += [job] if job.points else []
     return jobs, fixed
 
 
@@ -160,24 +152,21 @@ def plan(s: argparse.Namespace) -> tuple[list[Job], list[dict[str, Any]]]:
 def _fingerprint(name: str) -> str:
     with open(REQUIREMENTS, "rb") as f:
         h = hashlib.sha256(f.read())
-    h.update(repr((name, PEER_PACKAGES[name], sys.version, sysconfig.get_paths()["purelib"]))
-             .encode())  # fmt: skip
+    h.update(repr((name, PEER_PACKAGES[name], sys.version, sysconfig.get_paths()["purelib"])).encode())
     return h.hexdigest()[:16]
 
 
 def _run_logged(cmd: list[str], log: str, timeout: float, env: dict[str, str] | None = None) -> int:
-    with open(log, "a") as f:
-        f.write(f"\n$ {' '.join(cmd)}\n")
-        f.flush()
-        proc = subprocess.Popen(cmd, stdout=f, stderr=subprocess.STDOUT, env=env,
-                                start_new_session=True)  # fmt: skip
+    """``cmd``, output to ``log``; killed with all it started past ``timeout`` seconds."""
+    with launch.Ranks() as ranks:
+        ranks.command(cmd, env, log, cmd[0])
         try:
-            return proc.wait(timeout=timeout)
+            return ranks.procs[0][1].wait(timeout=timeout)
         except subprocess.TimeoutExpired:
-            launch.kill_tree([proc.pid], [proc.pid])
-            proc.wait()
-            f.write(f"\n(killed after {timeout:.0f} s)\n")
-            return launch.EXIT_TIMEOUT
+            ranks.kill()
+    with open(log, "a") as f:
+        f.write(f"\n(killed after {timeout:.0f} s)\n")
+    return launch.EXIT_TIMEOUT
 
 
 def _tail(path: str, lines: int = 6) -> str:
@@ -197,8 +186,7 @@ _VERSION_PROBE = {
 
 def deepspeed_env(env_path: str) -> dict[str, str]:
     """Where DeepSpeed builds and finds its shared-memory op."""
-    return {"DS_ACCELERATOR": "cpu",
-            "TORCH_EXTENSIONS_DIR": os.path.join(env_path, "torch_extensions")}  # fmt: skip
+    return {"DS_ACCELERATOR": "cpu", "TORCH_EXTENSIONS_DIR": os.path.join(env_path, "torch_extensions")}
 
 
 def ensure_env(name: str, s: argparse.Namespace, say: Callable[[str], None]) -> SimpleNamespace:
@@ -206,8 +194,7 @@ def ensure_env(name: str, s: argparse.Namespace, say: Callable[[str], None]) -> 
     when missing or stale."""
     path = os.path.abspath(os.path.join(s.venv_dir, name))
     env = SimpleNamespace(name=name, path=path, ok=False, version="", error="")
-    python, stamp, log = (os.path.join(path, *p) for p in (("bin", "python"), (".peers-ready",),
-                                                           ("setup.log",)))  # fmt: skip
+    python, stamp, log = (os.path.join(path, *p) for p in (("bin", "python"), (".peers-ready",), ("setup.log",)))
     try:
         with open(stamp) as f:
             ready = json.load(f)
@@ -223,8 +210,6 @@ def ensure_env(name: str, s: argparse.Namespace, say: Callable[[str], None]) -> 
     shutil.rmtree(path, ignore_errors=True)
     os.makedirs(path)
     run_env = {**os.environ, **deepspeed_env(path), "OMP_NUM_THREADS": "1"}
-    build = ("from deepspeed.accelerator import get_accelerator; "
-             "get_accelerator().create_op_builder('ShareMemCommBuilder').load()")  # fmt: skip
     pth = f"import site; site.addsitedir({sysconfig.get_paths()['purelib']!r})\n"
     link = ("import sysconfig; open(sysconfig.get_paths()['purelib'] + '/_smddp_project_venv.pth',"
             f" 'w').write({pth!r})")  # fmt: skip
@@ -235,8 +220,11 @@ def ensure_env(name: str, s: argparse.Namespace, say: Callable[[str], None]) -> 
         ("linking the project venv", [python, "-c", link], None),
         (f"pip install {' '.join(PEER_PACKAGES[name])}", [python, "-m", "pip", "install",
          "--disable-pip-version-check", "-c", REQUIREMENTS, *PEER_PACKAGES[name]], None),
-    ] + ([("building DeepSpeed's shared-memory op", [python, "-c", build], run_env)]
-         if name == "deepspeed" else [])  # fmt: skip
+    ]
+    if name == "deepspeed":
+        build = ("from deepspeed.accelerator import get_accelerator; "
+                 "get_accelerator().create_op_builder('ShareMemCommBuilder').load()")
+        steps.append(("building DeepSpeed's shared-memory op", [python, "-c", build], run_env))
     for what, cmd, cmd_env in steps:
         if _run_logged(cmd, log, 1800, cmd_env) != 0:
             env.error = f"{what} failed: {_tail(log)}"
@@ -360,8 +348,7 @@ def run_once(job: Job, points: list[Point], envs: dict[str, Any], s: argparse.Na
                 time.sleep(1.0)  # the others wait on it in a collective; let them say so
                 label, code = bad[0]
                 why = f"signal {-code}" if code < 0 else f"exit status {code}"
-                out.status = "error"
-                out.note = f"{label}: {why}: {_tail(os.path.join(logdir, label), 3)}"
+                out.status, out.note = "error", f"{label}: {why}: {_tail(os.path.join(logdir, label), 3)}"
                 break
             if None not in codes:
                 out.status, out.note = "error", "the ranks exited before the end of the job"
@@ -390,16 +377,14 @@ def run_job(job: Job, envs: dict[str, Any], s: argparse.Namespace, logdir: str,
             break
         f = out.failed
         if f is None or attempt == 4:
-            records.update({p: status_record(job.impl, job.world, p, "error", out.note)
-                            for p in remaining})  # fmt: skip
+            records.update({p: status_record(job.impl, job.world, p, "error", out.note) for p in remaining})
             say(f"{job.impl} {job.world} ranks: {out.note}")
             break
         records[f] = status_record(job.impl, job.world, f, out.status, out.note)
         say(progress_line(records[f]))
-        for p in remaining:
-            if p[:2] == f[:2] and p[2] > f[2]:
-                why = f"{out.status} at {format_size(f[2])}"
-                records[p] = status_record(job.impl, job.world, p, "skipped", why)
+        why = f"{out.status} at {format_size(f[2])}"
+        records.update({p: status_record(job.impl, job.world, p, "skipped", why)
+                        for p in remaining if p[:2] == f[:2] and p[2] > f[2]})  # fmt: skip
         remaining = [p for p in remaining if p not in records]
     return [records[p] for p in job.points if p in records], info
 
@@ -444,8 +429,7 @@ def main(argv: list[str] | None = None) -> int:
     if not (importlib.util.find_spec("torch") and importlib.util.find_spec("smddp")):
         # The driver needs the project venv (torch, smddp): re-run there.
         venv_python = os.path.join(REPO, ".venv", "bin", "python")
-        if os.path.exists(venv_python) and os.path.realpath(sys.executable) != os.path.realpath(
-                venv_python):  # fmt: skip
+        if os.path.exists(venv_python) and os.path.realpath(sys.executable) != os.path.realpath(venv_python):
             os.execv(venv_python, [venv_python, "-m", "bench.peers", *argv])
         sys.exit("bench.peers: needs torch and smddp; run 'make build' first")
     s = parse_args(argv)
@@ -473,8 +457,7 @@ def main(argv: list[str] | None = None) -> int:
     say(f"{len(jobs)} jobs, {sum(len(j.points) for j in jobs)} points; logs in {logdir}/")
     for job in jobs:
         if job.impl in envs and not envs[job.impl].ok:
-            records += [status_record(job.impl, job.world, p, "absent", envs[job.impl].error)
-                        for p in job.points]  # fmt: skip
+            records += [status_record(job.impl, job.world, p, "absent", envs[job.impl].error) for p in job.points]
             continue
         say(f"{job.impl}: {job.world} ranks, {len(job.points)} points")
         recs, info = run_job(job, envs, s, logdir, say)

@@ -49,8 +49,7 @@ def run_points(spec: dict[str, Any], comm: timing.Comm, make_case: Callable[[str
                     why = (f"one call would take about {guess:.0f} s (linear in size from the "
                            "previous size), over 2x --point-cap")  # fmt: skip
             if why:
-                emit("point", record=record.point(impl, op, dtype, redop, world, nbytes,
-                                                  status="skipped", note=why))  # fmt: skip
+                emit("point", record=record.point(impl, op, dtype, redop, world, nbytes, status="skipped", note=why))
                 continue
             emit("begin", point=p)
             case = make_case(op, dtype, nbytes)

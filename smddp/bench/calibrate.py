@@ -59,8 +59,7 @@ def main(ns: argparse.Namespace, argv: list[str]) -> int:
         return ranks.wait(ns.timeout)
 
 
-def run_rank(s: CalibrationSettings, rank: int, world: int, init_method: str,
-             local_rank: int) -> int:  # fmt: skip
+def run_rank(s: CalibrationSettings, rank: int, world: int, init_method: str, local_rank: int) -> int:
     import torch.distributed as dist
 
     from smddp.bench.sweep import Buffers, TorchComm, process_group
@@ -72,8 +71,7 @@ def run_rank(s: CalibrationSettings, rank: int, world: int, init_method: str,
         groups = {n: dist.new_group(r, backend="smddp", timeout=timeout) for n, r in pairs.items()}
         whole = dist.new_group(backend="smddp", timeout=timeout)
         comm = TorchComm(dist.group.WORLD)
-        idle = SimpleNamespace(run=lambda: None, restore=lambda: None, poison=lambda: None,
-                               wrong=lambda: 0)  # fmt: skip
+        idle = SimpleNamespace(run=lambda: None, restore=lambda: None, poison=lambda: None, wrong=lambda: 0)
 
         def median(op: str, size: int, group: Any, members: list[int]) -> tuple[int, float]:
             """(size, median seconds) of one point; ranks outside ``members`` idle."""
@@ -100,8 +98,7 @@ def run_rank(s: CalibrationSettings, rank: int, world: int, init_method: str,
 
 def _report(s: CalibrationSettings, world: int, rpn: int, pair: dict[str, list],
             measured: list[tuple[str, int, float]], load_start: Any) -> None:  # fmt: skip
-    labels = {"shm": "shared memory (ranks 0 and 1, one node)",
-              "socket": f"sockets (ranks 0 and {rpn}, two nodes)"}  # fmt: skip
+    labels = {"shm": "shared memory (ranks 0 and 1, one node)", "socket": f"sockets (ranks 0 and {rpn}, two nodes)"}
     fits = {}
     for name, samples in pair.items():
         # An AllGather of two ranks moves size/2 bytes in its one step.

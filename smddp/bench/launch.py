@@ -91,8 +91,7 @@ def kill_tree(pids: Sequence[int], sessions: Sequence[int] = ()) -> None:
 
 def _child(entry: Callable[..., int], rank: int, world: int, init_method: str, args: tuple,
            conn: Any) -> None:  # pragma: no cover - child  # fmt: skip
-    os.environ.update(RANK=str(rank), WORLD_SIZE=str(world), LOCAL_RANK=str(rank),
-                      LOCAL_WORLD_SIZE=str(world))  # fmt: skip
+    os.environ.update(RANK=str(rank), WORLD_SIZE=str(world), LOCAL_RANK=str(rank), LOCAL_WORLD_SIZE=str(world))
     try:
         code = entry(*args, rank=rank, world=world, init_method=init_method, local_rank=rank,
                      **({} if conn is None else {"conn": conn}))  # fmt: skip
@@ -152,13 +151,11 @@ class Ranks:
                     child.close()
                     self.conns.append(parent)
 
-    def command(self, argv: list[str], env: dict[str, str], log: str, label: str,
-                cwd: str | None = None) -> None:  # fmt: skip
+    def command(self, argv: list[str], env: dict[str, str], log: str, label: str, cwd: str | None = None) -> None:
         with open(log, "a") as out:
             out.write(f"$ {' '.join(argv)}\n")
             out.flush()
-            p = subprocess.Popen(argv, stdout=out, stderr=subprocess.STDOUT, env=env, cwd=cwd,
-                                 start_new_session=True)  # fmt: skip
+            p = subprocess.Popen(argv, stdout=out, stderr=subprocess.STDOUT, env=env, cwd=cwd, start_new_session=True)
         self.procs.append((label, p))
 
     def codes(self) -> list[int | None]:
@@ -175,8 +172,7 @@ class Ranks:
                 for (label, _), code in zip(self.procs, codes):
                     if code is not None and code not in ok:
                         why = f"signal {-code}" if code < 0 else f"exit status {code}"
-                        print(f"{self.what}: {label} failed ({why}); stopping the other ranks",
-                              file=sys.stderr)  # fmt: skip
+                        print(f"{self.what}: {label} failed ({why}); stopping the other ranks", file=sys.stderr)
                         return code if code > 0 else 1
                 if None not in codes:
                     return max(codes, default=0)
@@ -213,8 +209,7 @@ class Ranks:
             left = max(0.0, deadline - time.monotonic())
             ready = mp.connection.wait(list(pending.values()), left)
             if not ready:
-                raise RankError(f"{self.what}: {what}: ranks {sorted(pending)} silent for "
-                                f"{timeout:.0f} s")  # fmt: skip
+                raise RankError(f"{self.what}: {what}: ranks {sorted(pending)} silent for {timeout:.0f} s")
             for rank, conn in [(r, c) for r, c in pending.items() if c in ready]:
                 del pending[rank]
                 try:
@@ -231,8 +226,7 @@ class Ranks:
         """Every process and everything it started, at once."""
         live = [p.pid for (_, p), c in zip(self.procs, self.codes()) if c is None]
         # A command's session may outlive it (ranks left by an mpiexec that exited).
-        sessions = [] if self._swept else [p.pid for _, p in self.procs
-                                           if isinstance(p, subprocess.Popen)]  # fmt: skip
+        sessions = [] if self._swept else [p.pid for _, p in self.procs if isinstance(p, subprocess.Popen)]
         if live or sessions:
             kill_tree(live, sessions)
         self._swept = not live

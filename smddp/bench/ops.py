@@ -42,14 +42,9 @@ REDOPS = ("sum", "prod", "min", "max", "avg")
 
 # name -> (element size, whether floating point); aliases map to these names.
 DTYPES: dict[str, tuple[int, bool]] = {
-    "float32": (4, True),
-    "float64": (8, True),
-    "float16": (2, True),
-    "bfloat16": (2, True),
-    "int32": (4, False),
-    "int64": (8, False),
-    "uint8": (1, False),
-}
+    "float32": (4, True), "float64": (8, True), "float16": (2, True), "bfloat16": (2, True),
+    "int32": (4, False), "int64": (8, False), "uint8": (1, False),
+}  # fmt: skip
 DTYPE_ALIASES = {
     "float": "float32", "fp32": "float32", "f32": "float32", "double": "float64",
     "fp64": "float64", "f64": "float64", "half": "float16", "fp16": "float16",
@@ -129,9 +124,7 @@ def _stretch(tile: np.ndarray, start: int, count: int) -> np.ndarray:
     return np.resize(np.roll(tile, -(start % PERIOD)), count)
 
 
-def input_values(
-    rank: int, start: int, count: int, redop: str, dtype: str = "float32"
-) -> np.ndarray:
+def input_values(rank: int, start: int, count: int, redop: str, dtype: str = "float32") -> np.ndarray:
     """Elements ``start .. start+count-1`` of rank ``rank``'s input, as float64."""
     return _stretch(_tile(rank, redop, dtype), start, count)
 

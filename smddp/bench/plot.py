@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import math
 import os
-from typing import Any, Callable, Sequence
+from typing import Callable, Sequence
 
 from smddp.bench.record import measured
 from smddp.bench.units import format_size
@@ -21,7 +21,7 @@ def busbw(results: list[dict], keys: Sequence[str], title_of: Callable[[tuple], 
         if measured(r) and not r.get("wrong"):
             points = series.setdefault(tuple(r[k] for k in keys), {}).setdefault(r["backend"], [])
             points.append((r["size_bytes"], r["busbw_gbs"]))
-    panels: list[tuple[str, Any]] = [(title_of(k), s) for k, s in series.items()]
+    panels = [(title_of(k), s) for k, s in series.items()] or [("nothing measured", {})]
     try:
         import matplotlib
     except ImportError:
@@ -29,7 +29,6 @@ def busbw(results: list[dict], keys: Sequence[str], title_of: Callable[[tuple], 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    panels = list(panels) or [("nothing measured", {})]
     ncols = min(ncols, len(panels))
     nrows = math.ceil(len(panels) / ncols)
     fig, axes = plt.subplots(nrows, ncols, figsize=(5.2 * ncols, 3.9 * nrows), squeeze=False)
@@ -42,8 +41,7 @@ def busbw(results: list[dict], keys: Sequence[str], title_of: Callable[[tuple], 
                 sizes.update(xs)
                 ax.plot(xs, ys, marker="osD^v<>"[j % 7], linewidth=1.7, markersize=4, label=label)
         ax.set_xscale("log", base=2)
-        ticks = sorted(sizes)
-        ticks = ticks[:: math.ceil(len(ticks) / 10)] if len(ticks) > 10 else ticks
+        ticks = sorted(sizes)[:: math.ceil(len(sizes) / 10) or 1]
         ax.set_xticks(ticks)
         ax.set_xticklabels([format_size(t) for t in ticks], rotation=45 if len(ticks) > 6 else 0)
         ax.minorticks_off()

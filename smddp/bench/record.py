@@ -58,19 +58,14 @@ def machine_info() -> dict[str, Any]:
     return {
         "hostname": socket.gethostname(),
         "cpu_model": _first("/proc/cpuinfo", "model name") or platform.processor(),
-        "cpu_cores": os.cpu_count(),
-        "cpu_cores_available": len(os.sched_getaffinity(0)),
+        "cpu_cores": os.cpu_count(), "cpu_cores_available": len(os.sched_getaffinity(0)),
         "memory_gb": round(int(mem.split()[0]) * 1024 / 1e9, 1) if mem else None,
-        "kernel": f"{platform.system()} {platform.release()}",
-        "platform": platform.platform(),
-        "device": "cpu",
-        "gpus": [],
-        "python": platform.python_version(),
-        "torch": _version("torch"),
-        "numpy": _version("numpy"),
+        "kernel": f"{platform.system()} {platform.release()}", "platform": platform.platform(),
+        "device": "cpu", "gpus": [],
+        "python": platform.python_version(), "torch": _version("torch"), "numpy": _version("numpy"),
         "smddp": getattr(smddp, "__version__", None) or _version("smddp"),
         "load_average": {"start": load_average()},
-    }
+    }  # fmt: skip
 
 
 def smddp_config() -> dict[str, str]:
@@ -82,28 +77,22 @@ def smddp_config() -> dict[str, str]:
     return dict(sorted(values.items()))
 
 
-def new(kind: str, command: list[str], settings: dict[str, Any], timing: Any = None,
-        **extra: Any) -> dict:  # fmt: skip
+def new(kind: str, command: list[str], settings: dict[str, Any], timing: Any = None, **extra: Any) -> dict:
     """A record's common part; ``timing`` is a ``timing.Timing``."""
     rec: dict[str, Any] = {
-        "schema": SCHEMA,
-        "kind": kind,
+        "schema": SCHEMA, "kind": kind,
         "created": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
-        "command": list(command),
-        "machine": machine_info(),
-        "config": smddp_config(),
+        "command": list(command), "machine": machine_info(), "config": smddp_config(),
         "settings": dict(settings),
-    }
+    }  # fmt: skip
     if timing is not None:
         rec["timing"] = {**asdict(timing), "description": timing.describe()}
     rec.update(extra)
     return rec
 
 
-def point(
-    backend: str, op: str, dtype: str, redop: str, world: int, requested: int,
-    res: Any = None, status: str = "", note: str = "",
-) -> dict[str, Any]:  # fmt: skip
+def point(backend: str, op: str, dtype: str, redop: str, world: int, requested: int, res: Any = None,
+          status: str = "", note: str = "") -> dict[str, Any]:  # fmt: skip
     """The record of one backend at one point; ``res`` is a ``timing.Result``
     (None for a cell that has no time: n/a, skipped, timeout, error, absent)."""
     geom = _ops.geometry(op, requested, _ops.DTYPES[dtype][0], world)
@@ -115,17 +104,10 @@ def point(
     }  # fmt: skip
     if res is not None and res.samples and rec["status"] in MEASURED:
         med = statistics.median(res.samples)
-        rec.update(
-            iters=res.iters,
-            time_us=med * 1e6,
-            time_min_us=min(res.samples) * 1e6,
-            time_max_us=max(res.samples) * 1e6,
-            algbw_gbs=_ops.algbw_gbs(geom.size, med),
-            busbw_gbs=_ops.busbw_gbs(op, geom.size, med, world),
-            wrong=res.wrong,
-            samples_us=[x * 1e6 for x in res.samples],
-            warmup_us=[x * 1e6 for x in res.warm],
-        )
+        rec.update(iters=res.iters, time_us=med * 1e6, time_min_us=min(res.samples) * 1e6,
+                   time_max_us=max(res.samples) * 1e6, algbw_gbs=_ops.algbw_gbs(geom.size, med),
+                   busbw_gbs=_ops.busbw_gbs(op, geom.size, med, world), wrong=res.wrong,
+                   samples_us=[x * 1e6 for x in res.samples], warmup_us=[x * 1e6 for x in res.warm])  # fmt: skip
     return rec
 
 

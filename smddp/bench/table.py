@@ -7,7 +7,8 @@ as they are measured) or as markdown for the docs. Torch-free.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+import itertools
+from dataclasses import dataclass, replace
 from typing import Any, Sequence
 
 
@@ -31,39 +32,29 @@ def grouped(*blocks: tuple[str, Sequence[Column]]) -> tuple[list[Column], list[t
 
 
 def cell(col: Column, value: Any) -> str:
-    if value is None:
-        return ""
-    return value if isinstance(value, str) else col.fmt.format(value)
+    return "" if value is None else value if isinstance(value, str) else col.fmt.format(value)
 
 
-def _spans(columns: Sequence[Column], groups: Groups) -> list[int]:
+def _split(items: Sequence[Any], columns: Sequence[Column], groups: Groups) -> list[Sequence[Any]]:
+    """``items`` (one per column) cut into the groups' blocks."""
     spans = [n for _, n in groups] or [len(columns)]
     if sum(spans) != len(columns):
         raise ValueError(f"groups cover {sum(spans)} of {len(columns)} columns")
-    return spans
+    starts = list(itertools.accumulate(spans, initial=0))
+    return [items[a:b] for a, b in zip(starts, starts[1:])]
 
 
 def _line(columns: Sequence[Column], texts: Sequence[str], groups: Groups) -> str:
-    out, i = "", 0
-    for g, span in enumerate(_spans(columns, groups)):
-        parts = []
-        for col, text in zip(columns[i : i + span], texts[i : i + span]):
-            parts.append(f"{text:<{col.width}}" if col.left else f"{text:>{col.width}}")
-        out += ("  " if g else "") + " ".join(parts)
-        i += span
-    return out
+    parts = [f"{t:<{c.width}}" if c.left else f"{t:>{c.width}}" for c, t in zip(columns, texts)]
+    return "  ".join(" ".join(block) for block in _split(parts, columns, groups))
 
 
 def header(columns: Sequence[Column], groups: Groups = ()) -> str:
     """The header lines (group labels, names, units), each starting with ``#``."""
     lines = []
     if any(label for label, _ in groups):
-        i, line = 0, ""
-        for g, (label, span) in enumerate(groups):
-            width = sum(c.width for c in columns[i : i + span]) + span - 1
-            line += ("  " if g else "") + f"{label:^{width}}"
-            i += span
-        lines.append(line)
+        widths = [sum(c.width for c in b) + len(b) - 1 for b in _split(columns, columns, groups)]
+        lines.append("  ".join(f"{label:^{w}}" for (label, _), w in zip(groups, widths)))
     lines.append(_line(columns, [c.name for c in columns], groups))
     if any(c.unit for c in columns):
         lines.append(_line(columns, [c.unit for c in columns], groups))
@@ -75,39 +66,23 @@ def row(columns: Sequence[Column], values: Sequence[Any], groups: Groups = ()) -
 
 
 def _sized(columns: Sequence[Column], rows: Sequence[Sequence[Any]]) -> list[Column]:
-    out = []
-    for i, c in enumerate(columns):
-        if c.width:
-            out.append(c)
-            continue
-        widest = max([len(c.name), len(c.unit)] + [len(cell(c, r[i])) for r in rows if r])
-        out.append(Column(c.name, c.unit, c.fmt, widest, c.left))
-    return out
+    widest = lambda i, c: max([len(c.name), len(c.unit)] + [len(cell(c, r[i])) for r in rows])  # noqa: E731
+    return [c if c.width else replace(c, width=widest(i, c)) for i, c in enumerate(columns)]
 
 
-def text(
-    columns: Sequence[Column], rows: Sequence[Sequence[Any] | None], groups: Groups = ()
-) -> str:
+def text(columns: Sequence[Column], rows: Sequence[Sequence[Any] | None], groups: Groups = ()) -> str:
     """A whole table; a row of None is a blank line between blocks."""
     cols = _sized(columns, [r for r in rows if r])
     lines = [header(cols, groups)] + [row(cols, r, groups) if r else "" for r in rows]
     return "\n".join(lines)
 
 
-def markdown(
-    columns: Sequence[Column], rows: Sequence[Sequence[Any] | None], groups: Groups = ()
-) -> str:
+def markdown(columns: Sequence[Column], rows: Sequence[Sequence[Any] | None], groups: Groups = ()) -> str:
     """The same table in markdown; group labels prefix their columns' names."""
-    labels: list[str] = []
-    for label, span in groups or [("", len(columns))]:
-        labels += [label] * span
-    names = []
-    for label, c in zip(labels, columns):
-        unit = f" ({c.unit.strip('()')})" if c.unit.strip("()") else ""
-        names.append(f"{label} {c.name}{unit}".strip())
+    labels = [label for label, span in groups or [("", len(columns))] for _ in range(span)]
+    units = [f" ({c.unit.strip('()')})" if c.unit.strip("()") else "" for c in columns]
+    names = [f"{label} {c.name}{unit}".strip() for label, c, unit in zip(labels, columns, units)]
     lines = ["| " + " | ".join(names) + " |"]
     lines.append("|" + "|".join("---" if c.left else "---:" for c in columns) + "|")
-    for r in rows:
-        if r:
-            lines.append("| " + " | ".join(cell(c, v) for c, v in zip(columns, r)) + " |")
+    lines += ["| " + " | ".join(cell(c, v) for c, v in zip(columns, r)) + " |" for r in rows if r]
     return "\n".join(lines)

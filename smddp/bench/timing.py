@@ -97,34 +97,28 @@ class Timing:
             how = (f"each after {f'{bw} untimed calls and ' if bw else ''}one barrier, the calls "
                    "back to back; time = median over blocks of the slowest rank's time per call")
         else:
-            how = (f"each {f'after {bw} untimed calls ' if bw else ''}with a barrier before every "
-                   "call; time = median over calls of the slowest rank's time from the "
-                   "barrier's return to the call's end")  # fmt: skip
-        return (f"timing {self.policy}: per backend and size {self.warmup} warm-up calls, then "
-                f"{calls}{cap} in {self.rounds} block{'s' if self.rounds != 1 else ''} that "
-                f"alternate between the backends, {how}")  # fmt: skip
+            how = (f"each {f'after {bw} untimed calls ' if bw else ''}with a barrier before every call; time = "
+                   "median over calls of the slowest rank's time from the barrier's return to the call's end")
+        return (f"timing {self.policy}: per backend and size {self.warmup} warm-up calls, then {calls}{cap} in "
+                f"{self.rounds} block{'s' if self.rounds != 1 else ''} that alternate between the backends, {how}")
 
 
 # The command-line option of each field of Timing: flags, type, help. Every
 # command offers the ones it lets users change, with its own defaults.
 OPTIONS: dict[str, tuple[tuple[str, ...], Any, str]] = {
-    "policy": (("--timing",), str, "back-to-back: each block's calls after one barrier "
-               "(nccl-tests); barrier-each: a barrier before every call, each call a sample"),
+    "policy": (("--timing",), str, "back-to-back: each block's calls after one barrier (nccl-tests); "
+               "barrier-each: a barrier before every call, each call a sample"),
     "warmup": (("-w", "--warmup"), at_least(0), "warm-up calls per backend and point"),
-    "block_warmup": (("--block-warmup",), at_least(0), "untimed calls at the start of every "
-                     "timed block, so that neither backend's time includes re-warming what the "
-                     "other's block evicted; they come on top of --time-per-point (0: none, a "
-                     "block's first calls are timed)"),
+    "block_warmup": (("--block-warmup",), at_least(0), "untimed calls at the start of every timed block, so "
+                     "that neither backend's time includes re-warming what the other's block evicted; they come "
+                     "on top of --time-per-point (0: none, a block's first calls are timed)"),
     "iters": (("-n", "--iters"), at_least(1), "timed calls per backend and point"),
-    "time_per_point": (("--time-per-point",), positive,
-                       "seconds of timed calls per backend and point"),
+    "time_per_point": (("--time-per-point",), positive, "seconds of timed calls per backend and point"),
     "min_iters": (("--min-iters",), at_least(1), "with a time budget: at least this many calls"),
     "max_iters": (("--max-iters",), at_least(1), "with a time budget: at most this many calls"),
-    "rounds": (("--rounds",), at_least(1),
-               "blocks each backend's calls are split into, alternating between backends"),
-    "cap": (("--point-cap",), positive, "seconds a point may take: fewer calls past it; the "
-            "larger sizes of its table are skipped once one call exceeds it, or would exceed "
-            "twice it"),
+    "rounds": (("--rounds",), at_least(1), "blocks each backend's calls are split into, alternating between backends"),
+    "cap": (("--point-cap",), positive, "seconds a point may take: fewer calls past it; the larger sizes of its "
+            "table are skipped once one call exceeds it, or would exceed twice it"),
 }  # fmt: skip
 
 
@@ -158,11 +152,9 @@ def host_clock(sync: Callable[[], None] | None = None) -> Clock:
     return start
 
 
-def time_calls(
-    call: Callable[[], Any], comm: Comm, k: int, policy: str = BACK_TO_BACK,
-    restore: Callable[[], None] | None = None, untimed: int = 0,
-    sync: Callable[[], None] | None = None, clock: Clock | None = None,
-) -> tuple[list[float], float]:  # fmt: skip
+def time_calls(call: Callable[[], Any], comm: Comm, k: int, policy: str = BACK_TO_BACK,
+               restore: Callable[[], None] | None = None, untimed: int = 0, sync: Callable[[], None] | None = None,
+               clock: Clock | None = None) -> tuple[list[float], float]:  # fmt: skip
     """``untimed`` calls, then ``k`` timed ones under ``policy``; returns the
     samples (the slowest rank's: one per block back to back, one per call with
     a barrier each) and the block's wall time (slowest rank)."""
@@ -212,14 +204,12 @@ def measure(cases: dict[str, Case], comm: Comm, t: Timing, sync: Callable[[], No
             out = fn()
         except Exception as e:  # noqa: BLE001 - reported in the table, never swallowed
             error = f"{type(e).__name__}: {(str(e).strip().splitlines() or [''])[0]}"
-        why = comm.agree(error)
-        if why is not None:
-            res[name].status, res[name].error = "error", why
-        return None if why is not None else out
+        if (why := comm.agree(error)) is not None:
+            res[name].status, res[name].error, out = "error", why, None
+        return out
 
     def block(name: str, k: int, untimed: int = 0) -> tuple[list[float], float]:
-        c = cases[name]
-        return time_calls(c.run, comm, k, t.policy, c.restore, untimed, sync, clock)
+        return time_calls(cases[name].run, comm, k, t.policy, cases[name].restore, untimed, sync, clock)
 
     def checked(name: str, k: int) -> tuple[list[float], int]:
         """A timed block, then one call on restored inputs into a poisoned output."""

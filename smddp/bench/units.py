@@ -20,15 +20,8 @@ _SIZE_RE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([KMGT]?)(?:I?B)?\s*$", re.IGNOREC
 MAX_POINTS = 4096
 
 # What people type for the collectives (nccl-tests' names, abbreviations).
-OP_ALIASES = {
-    "allgather": "all_gather",
-    "ag": "all_gather",
-    "reducescatter": "reduce_scatter",
-    "rs": "reduce_scatter",
-    "allreduce": "all_reduce",
-    "ar": "all_reduce",
-    "bcast": "broadcast",
-}
+OP_ALIASES = {"allgather": "all_gather", "ag": "all_gather", "reducescatter": "reduce_scatter",
+              "rs": "reduce_scatter", "allreduce": "all_reduce", "ar": "all_reduce", "bcast": "broadcast"}
 
 
 def parse_size(text: str) -> int:
@@ -60,16 +53,12 @@ def size_range(minbytes: int, maxbytes: int, factor: float = 2, step: int = 0) -
     if minbytes <= 0:
         raise ValueError(f"the smallest size must be positive, got {minbytes}")
     if maxbytes < minbytes:
-        raise ValueError(
-            f"the largest size ({format_size(maxbytes)}) is below the smallest "
-            f"({format_size(minbytes)})"
-        )
+        raise ValueError(f"the largest size ({format_size(maxbytes)}) is below the smallest ({format_size(minbytes)})")
     if step < 0:
         raise ValueError(f"the step in bytes must be positive, got {step}")
     if not step and factor <= 1:
         raise ValueError(f"the step factor must be above 1, got {factor}")
-    sizes: list[int] = []
-    size = minbytes
+    sizes, size = [], minbytes
     while size <= maxbytes:
         sizes.append(size)
         if len(sizes) > MAX_POINTS:
@@ -98,29 +87,21 @@ def parse_counts(text: str, low: int = 1) -> tuple[int, ...]:
     return tuple(sorted({int(p) for p in parts}))
 
 
-def choose(
-    text: str,
-    allowed: Iterable[str],
-    what: str,
-    aliases: dict[str, str] | None = None,
-    canonical: bool = False,
-) -> tuple[str, ...]:
+def choose(text: str, allowed: Iterable[str], what: str, aliases: dict[str, str] | None = None,
+           canonical: bool = False) -> tuple[str, ...]:  # fmt: skip
     """A comma list of names from ``allowed`` (or ``all``), aliases resolved and
     duplicates dropped, in the order typed (``canonical``: in ``allowed``'s)."""
     allowed = tuple(allowed)
     names = [p.strip().lower() for p in str(text).split(",") if p.strip()]
     if names == ["all"]:
         return allowed
-    out: list[str] = []
-    for n in names:
-        n = (aliases or {}).get(n, n)
+    out = tuple(dict.fromkeys((aliases or {}).get(n, n) for n in names))
+    for n in out:
         if n not in allowed:
             raise ValueError(f"unknown {what} {n!r} (choose from {', '.join(allowed)}, or all)")
-        if n not in out:
-            out.append(n)
     if not out:
         raise ValueError(f"no {what} given")
-    return tuple(a for a in allowed if a in out) if canonical else tuple(out)
+    return tuple(a for a in allowed if a in out) if canonical else out
 
 
 # -- command-line options ------------------------------------------------------------
@@ -182,18 +163,15 @@ class SizeOptions:
         default = f" [{self.sizes}]" if self.sizes else ""
         group.add_argument("--sizes", type=arg(parse_size_list),
                            help=f"comma list of sizes instead of -b/-e/-f/-i, e.g. 1M,16M{default}")
-        group.add_argument("-b", "--minbytes", type=arg(parse_size),
-                           help=f"smallest size [{self.minbytes}]")  # fmt: skip
-        group.add_argument("-e", "--maxbytes", type=arg(parse_size),
-                           help=f"largest size [{self.maxbytes}]")  # fmt: skip
-        group.add_argument("-f", "--stepfactor", type=float,
-                           help=f"size multiplier [{self.factor:g}]")  # fmt: skip
-        group.add_argument("-i", "--stepbytes", type=arg(parse_size),
-                           help="size increment (instead of -f)")  # fmt: skip
+        group.add_argument("-b", "--minbytes", type=arg(parse_size), help=f"smallest size [{self.minbytes}]")
+        group.add_argument("-e", "--maxbytes", type=arg(parse_size), help=f"largest size [{self.maxbytes}]")
+        group.add_argument("-f", "--stepfactor", type=float, help=f"size multiplier [{self.factor:g}]")
+        group.add_argument("-i", "--stepbytes", type=arg(parse_size), help="size increment (instead of -f)")
 
     def parse(self, ns: argparse.Namespace) -> list[int]:
         """The sizes asked for; ValueError when they are not a valid sweep."""
-        given = {k: v for k, v in vars(ns).items() if k in _RANGE and v is not None}
+        given = {k: v for k, v in vars(ns).items()
+                 if k in ("minbytes", "maxbytes", "stepfactor", "stepbytes") and v is not None}  # fmt: skip
         if ns.sizes is not None and given:
             raise ValueError("give either --sizes or -b/-e/-f/-i, not both")
         if ns.sizes is not None or (self.sizes and not given):
@@ -201,6 +179,3 @@ class SizeOptions:
         return size_range(given.get("minbytes", parse_size(self.minbytes)),
                           given.get("maxbytes", parse_size(self.maxbytes)),
                           given.get("stepfactor", self.factor), given.get("stepbytes", 0))
-
-
-_RANGE = ("minbytes", "maxbytes", "stepfactor", "stepbytes")

@@ -25,8 +25,7 @@ def rivals(backends: Sequence[str]) -> list[tuple[str, str]]:
     return [(backends[0], b) for b in backends[1:]]
 
 
-def by_point(results: list[dict], keys: Sequence[str] = ("op", "dtype", "requested_bytes")
-             ) -> list[dict[str, dict]]:  # fmt: skip
+def by_point(results: list[dict], keys: Sequence[str] = ("op", "dtype", "requested_bytes")) -> list[dict[str, dict]]:
     """The point records grouped by point, in order: each {backend: record}."""
     points: dict[tuple, dict[str, dict]] = {}
     for r in results:
@@ -58,23 +57,21 @@ def _wrong_line(counts: dict[str, int]) -> str:
 
 # -- the sweep ---------------------------------------------------------------------
 
-_LEFT = [Column("size", "(B)", width=12), Column("count", "(elements)", width=12),
-         Column("type", width=9), Column("redop", width=6)]  # fmt: skip
+_LEFT = [Column("size", "(B)", width=12), Column("count", "(elements)", width=12), Column("type", width=9),
+         Column("redop", width=6)]  # fmt: skip
 _BLOCK = [Column("time", "(us)", "{:.1f}", 10), Column("algbw", "(GB/s)", "{:.3f}", 8),
           Column("busbw", "(GB/s)", "{:.3f}", 8), Column("#wrong", width=7)]  # fmt: skip
 
 
 def _sweep_columns(backends: Sequence[str]) -> tuple[list[Column], list[tuple[str, int]]]:
-    ratios = [Column("ratio", f"{a}/{b}", "{:.2f}", max(11, len(a + b) + 1))
-              for a, b in rivals(backends)]  # fmt: skip
+    ratios = [Column("ratio", f"{a}/{b}", "{:.2f}", max(11, len(a + b) + 1)) for a, b in rivals(backends)]
     return table.grouped(("", _LEFT), *((b, _BLOCK) for b in backends), ("", ratios))
 
 
 def sweep_header(op: str, dtype: str, redop: str, backends: Sequence[str], topology: str,
                  device: str, inplace: bool = False) -> str:  # fmt: skip
     place = "  in place" if inplace and op in ("all_gather", "reduce_scatter") else ""
-    title = (f"# {OPS[op].title} ({op}){place}  type {dtype}  redop {redop}  |  {topology}  |  "
-             f"{device}")
+    title = f"# {OPS[op].title} ({op}){place}  type {dtype}  redop {redop}  |  {topology}  |  {device}"
     return "\n".join(["#", title, "#", table.header(*_sweep_columns(backends))])
 
 
@@ -83,8 +80,7 @@ def sweep_row(recs: list[dict], backends: Sequence[str]) -> str:
     first = recs[0]
     values: list[Any] = [first["size_bytes"], first["count"], first["dtype"], first["redop"]]
     for r in (point.get(b) for b in backends):
-        values += ([r["time_us"], r["algbw_gbs"], r["busbw_gbs"], r["wrong"]] if measured(r)
-                   else ["n/a", "", "", ""])  # fmt: skip
+        values += [r["time_us"], r["algbw_gbs"], r["busbw_gbs"], r["wrong"]] if measured(r) else ["n/a", "", "", ""]
     values += [_num(ratio(point, a, b), "{:.2f}") for a, b in rivals(backends)]
     cols, groups = _sweep_columns(backends)
     return table.row(cols, values, groups)
@@ -93,8 +89,7 @@ def sweep_row(recs: list[dict], backends: Sequence[str]) -> str:
 def _table_summary(results: list[dict], backends: Sequence[str]) -> dict[str, Any]:
     """Average busbw per backend (nccl-tests' footer), the ratios, #wrong."""
     points = by_point(results)
-    out: dict[str, Any] = {"avg_busbw_gbs": {}, "ratio_of_avg_busbw": {}, "geomean_ratio": {},
-                           "wrong": {}, "errors": {}}  # fmt: skip
+    out: dict[str, Any] = {k: {} for k in ("avg_busbw_gbs", "ratio_of_avg_busbw", "geomean_ratio", "wrong", "errors")}
     for b in backends:
         good = [p[b] for p in points if measured(p.get(b))]
         out["avg_busbw_gbs"][b] = statistics.fmean(r["busbw_gbs"] for r in good) if good else None
@@ -121,12 +116,10 @@ def sweep_summary(results: list[dict], backends: Sequence[str]) -> dict[str, Any
 
 def sweep_footer(results: list[dict], backends: Sequence[str]) -> str:
     s = _table_summary(results, backends)
-    lines = ["# avg busbw (GB/s): "
-             + "  ".join(f"{b} {_num(s['avg_busbw_gbs'][b])}" for b in backends)]  # fmt: skip
+    lines = ["# avg busbw (GB/s): " + "  ".join(f"{b} {_num(s['avg_busbw_gbs'][b])}" for b in backends)]
     for key in s["ratio_of_avg_busbw"]:
-        lines.append(f"# {key}: {_num(s['ratio_of_avg_busbw'][key], '{:.2f}')} (ratio of the "
-                     f"averages), {_num(s['geomean_ratio'][key], '{:.2f}')} (geometric mean of "
-                     "the per-size ratios)")  # fmt: skip
+        lines.append(f"# {key}: {_num(s['ratio_of_avg_busbw'][key], '{:.2f}')} (ratio of the averages), "
+                     f"{_num(s['geomean_ratio'][key], '{:.2f}')} (geometric mean of the per-size ratios)")
     lines.append(_wrong_line(s["wrong"]))
     lines += [f"# {b}: not measured: {why}" for b, why in s["errors"].items()]
     return "\n".join(lines)
@@ -136,9 +129,9 @@ def run_footer(rec: dict[str, Any]) -> str:
     backends = rec["settings"]["backends"]
     points = len(by_point(rec["results"]))
     wrong = rec["summary"]["wrong"]
-    lines = ["#", f"# smddp-bench: {points} points x {len(backends)} backends "
-             f"({', '.join(backends)}) in {rec['elapsed_s']:.1f} s; #wrong {wrong} "
-             f"{'OK' if wrong == 0 else 'FAILED'}", f"# {rec['timing']['description']}"]
+    lines = ["#", f"# smddp-bench: {points} points x {len(backends)} backends ({', '.join(backends)}) in "
+             f"{rec['elapsed_s']:.1f} s; #wrong {wrong} {'OK' if wrong == 0 else 'FAILED'}",
+             f"# {rec['timing']['description']}"]
     m = rec["machine"]
     loads = [x[0] for x in (m["load_average"]["start"], m["load_average"].get("end")) if x]
     cores = m.get("cpu_cores_available") or m.get("cpu_cores") or 1
@@ -153,10 +146,9 @@ def sweep_markdown(rec: dict[str, Any]) -> str:
     backends = rec["settings"]["backends"]
     pairs = rivals(backends)
     block = [Column("time", "µs", "{:.1f}"), Column("busbw", "GB/s", "{:.3f}")]
-    cols, groups = table.grouped(
-        ("", [Column("op", left=True), Column("type", left=True), Column("size")]),
-        *((b, block) for b in backends), ("busbw", [Column(f"{a}/{b}", fmt="{:.2f}")
-                                                    for a, b in pairs]))  # fmt: skip
+    cols, groups = table.grouped(("", [Column("op", left=True), Column("type", left=True), Column("size")]),
+                                 *((b, block) for b in backends),
+                                 ("busbw", [Column(f"{a}/{b}", fmt="{:.2f}") for a, b in pairs]))  # fmt: skip
     rows = []
     for point in by_point(rec["results"]):
         first = next(iter(point.values()))
@@ -166,17 +158,16 @@ def sweep_markdown(rec: dict[str, Any]) -> str:
         rows.append(row + [_num(ratio(point, a, b), "{:.2f}") for a, b in pairs])
     place = "; AllGather/ReduceScatter in place" if rec["settings"].get("inplace") else ""
     return table.markdown(cols, rows, groups), (
-        f"{rec['topology']['label']}, {rec['machine']['device']}{place}; busbw in GB/s "
-        f"(nccl-tests' definitions, GB = 1e9); ratios of busbw; #wrong {rec['summary']['wrong']}")
+        f"{rec['topology']['label']}, {rec['machine']['device']}{place}; busbw in GB/s (nccl-tests' definitions, "
+        f"GB = 1e9); ratios of busbw; #wrong {rec['summary']['wrong']}")
 
 
 # -- the peer comparison -----------------------------------------------------------
 
 PEERS_LEGEND = (
-    "busbw in GB/s (1e9 B/s), nccl-tests' definition; flags: * fewer than --min-iters calls "
-    "(--point-cap); ~ one call only (it exceeded --point-cap); u MPI bfloat16 reduction through "
-    "a user-defined MPI_Op (numpy); ! wrong results; n/a: not offered; skip: a smaller size of "
-    "the same table was too slow or failed; absent: not installed"
+    "busbw in GB/s (1e9 B/s), nccl-tests' definition; flags: * fewer than --min-iters calls (--point-cap); ~ one "
+    "call only (it exceeded --point-cap); u MPI bfloat16 reduction through a user-defined MPI_Op (numpy); ! wrong "
+    "results; n/a: not offered; skip: a smaller size of the same table was too slow or failed; absent: not installed"
 )
 _CELL_STATUS = {"n/a": "n/a", "skipped": "skip", "timeout": "timeout", "absent": "absent"}
 
@@ -195,43 +186,38 @@ def _usable(rec: dict[str, Any] | None) -> bool:
     return measured(rec) and not rec.get("wrong")
 
 
-def peer_rows(results: list[dict], impls: Sequence[str], ops: Sequence[str],
-              dtypes: Sequence[str]) -> list[dict[str, Any]]:  # fmt: skip
+def peer_rows(results: list[dict], impls: Sequence[str], ops: Sequence[str], dtypes: Sequence[str]) -> list[dict]:
     """One row per (op, dtype, ranks, size): every implementation's record, the
     best peer and smddp's ratio to it."""
-    order = lambda r: (ops.index(r["op"]), dtypes.index(r["dtype"]), r["world"],  # noqa: E731
-                       r["requested_bytes"])  # fmt: skip
+    order = lambda r: (ops.index(r["op"]), dtypes.index(r["dtype"]), r["world"], r["requested_bytes"])  # noqa: E731
     rows = []
     for point in by_point(sorted(results, key=order), ("op", "dtype", "world", "requested_bytes")):
         first = next(iter(point.values()))
-        peers = [(r["busbw_gbs"], n) for n, r in point.items()
-                 if n != "smddp" and n in impls and _usable(r)]  # fmt: skip
+        peers = [(r["busbw_gbs"], n) for n, r in point.items() if n != "smddp" and n in impls and _usable(r)]
         best = max(peers) if peers else (None, None)
         mine = point.get("smddp")
         rows.append({k: first[k] for k in ("op", "dtype", "world", "requested_bytes", "size_bytes")}
                     | {"impls": point, "best_peer": best[1], "best_peer_busbw_gbs": best[0],
                        "smddp_busbw_gbs": mine["busbw_gbs"] if _usable(mine) else None,
-                       "smddp_over_best": mine["busbw_gbs"] / best[0]
-                       if best[0] and _usable(mine) else None})  # fmt: skip
+                       "smddp_over_best": mine["busbw_gbs"] / best[0] if best[0] and _usable(mine) else None})
     return rows
 
 
 def _peer_table(rec: dict[str, Any]) -> tuple[list[Column], list]:
     s = rec["settings"]
     impls, with_ratio = s["impls"], "smddp" in s["impls"] and len(s["impls"]) > 1
-    cols = [Column("op", width=14, left=True), Column("type", width=9, left=True),
-            Column("size", width=5), Column("ranks", width=5)]  # fmt: skip
+    cols = [Column("op", width=14, left=True), Column("type", width=9, left=True), Column("size", width=5),
+            Column("ranks", width=5)]  # fmt: skip
     cols += [Column(n, width=10) for n in impls]
-    cols += [Column("smddp/best", fmt="{:.2f}", width=10), Column("best", width=9, left=True)
-             ] if with_ratio else []  # fmt: skip
+    cols += [Column("smddp/best", fmt="{:.2f}", width=10), Column("best", width=9, left=True)] if with_ratio else []
     out: list[Any] = []
     last = None
     for row in peer_rows(rec["results"], impls, s["ops"], s["dtypes"]):
         if out and (row["op"], row["dtype"], row["world"]) != last:
             out.append(None)  # a blank line between the (op, dtype, ranks) blocks
         last = (row["op"], row["dtype"], row["world"])
-        values = [OPS[row["op"]].title, row["dtype"],
-                  format_size(row["size_bytes"] or row["requested_bytes"]), row["world"]]
+        size = format_size(row["size_bytes"] or row["requested_bytes"])
+        values = [OPS[row["op"]].title, row["dtype"], size, row["world"]]
         values += [peer_cell(row["impls"].get(n)) for n in impls]
         if with_ratio:
             values += [_num(row["smddp_over_best"], "{:.2f}"), row["best_peer"] or ""]
@@ -246,8 +232,7 @@ def peer_summary(rows: list[dict], results: list[dict]) -> dict[str, Any]:
     for row in rows:
         if row["smddp_over_best"] is not None:
             tables.setdefault(f"{row['op']} {row['dtype']}", []).append(row["smddp_over_best"])
-    keys = ("op", "dtype", "world", "size_bytes", "smddp_busbw_gbs", "best_peer",
-            "best_peer_busbw_gbs")  # fmt: skip
+    keys = ("op", "dtype", "world", "size_bytes", "smddp_busbw_gbs", "best_peer", "best_peer_busbw_gbs")
     behind = [{k: r[k] for k in keys} | {"ratio": r["smddp_over_best"]} for r in rows
               if r["smddp_over_best"] is not None and r["smddp_over_best"] < 1.0]  # fmt: skip
     wrong: dict[str, int] = {}
@@ -256,8 +241,8 @@ def peer_summary(rows: list[dict], results: list[dict]) -> dict[str, Any]:
         if measured(rec):
             wrong[rec["backend"]] = wrong.get(rec["backend"], 0) + int(rec.get("wrong") or 0)
         elif rec["status"] in ("timeout", "error", "absent"):
-            failures.append({k: rec.get(k) for k in ("backend", "world", "op", "dtype",
-                             "requested_bytes", "status", "note")})  # fmt: skip
+            keys = ("backend", "world", "op", "dtype", "requested_bytes", "status", "note")
+            failures.append({k: rec.get(k) for k in keys})
     return {"geomean_smddp_over_best": {k: _geomean(v) for k, v in tables.items()},
             "smddp_behind": behind, "wrong": wrong, "failures": failures}  # fmt: skip
 
@@ -268,14 +253,13 @@ def peers_text(rec: dict[str, Any], header: str = "") -> str:
     summary = rec["summary"]
     for key, g in summary["geomean_smddp_over_best"].items():
         op, dtype = key.split()
-        lines.append(f"# {OPS[op].title} {dtype}: smddp/best, geometric mean over the cells: "
-                     f"{g:.2f}")
+        lines.append(f"# {OPS[op].title} {dtype}: smddp/best, geometric mean over the cells: {g:.2f}")
     if summary["smddp_behind"]:
         lines.append(f"# smddp behind the best peer in {len(summary['smddp_behind'])} cells:")
     for b in summary["smddp_behind"]:
-        lines.append(f"#   {OPS[b['op']].title} {b['dtype']} {format_size(b['size_bytes'])} "
-                     f"{b['world']} ranks: smddp {b['smddp_busbw_gbs']:.3f} vs {b['best_peer']} "
-                     f"{b['best_peer_busbw_gbs']:.3f} GB/s ({b['ratio']:.2f}x)")  # fmt: skip
+        lines.append(f"#   {OPS[b['op']].title} {b['dtype']} {format_size(b['size_bytes'])} {b['world']} ranks: "
+                     f"smddp {b['smddp_busbw_gbs']:.3f} vs {b['best_peer']} {b['best_peer_busbw_gbs']:.3f} GB/s "
+                     f"({b['ratio']:.2f}x)")
     lines.append(_wrong_line(summary["wrong"]))
     failures = {(f["backend"], f["status"], f["note"]): None for f in summary["failures"]}
     lines += [f"# {backend} ({status}): {note}" for backend, status, note in failures]
@@ -291,47 +275,45 @@ def peers_markdown(rec: dict[str, Any]) -> tuple[str, str]:
 # -- the cost model, the calibration, the step --------------------------------------
 
 
+_MODEL_RATIO = "ratio = flat-ring time / smddp time (= smddp busbw / flat-ring busbw)"
+
+
 def model_table(estimates: list[dict], markdown: bool = False) -> str:
     block = [Column("time", "(us)", "{:.1f}", 11), Column("busbw", "(GB/s)", "{:.2f}", 8)]
-    cols, groups = table.grouped(
-        ("", [Column("op", width=15, left=True), Column("nodes", width=6),
-              Column("GPUs", width=6), Column("size", "(B)", width=7)]),
-        ("flat ring", block), ("smddp", block), ("", [Column("ratio", fmt="{:.2f}", width=6)]),
-    )  # fmt: skip
-    rows = [[e["op"], e["nodes"], e["gpus"], format_size(e["size_bytes"]), e["ring_s"] * 1e6,
-             e["ring_busbw_gbs"], e["hier_s"] * 1e6, e["hier_busbw_gbs"], e["ratio"]]
-            for e in estimates]  # fmt: skip
+    left = [Column("op", width=15, left=True), Column("nodes", width=6), Column("GPUs", width=6),
+            Column("size", "(B)", width=7)]  # fmt: skip
+    cols, groups = table.grouped(("", left), ("flat ring", block), ("smddp", block),
+                                 ("", [Column("ratio", fmt="{:.2f}", width=6)]))  # fmt: skip
+    rows = [[e["op"], e["nodes"], e["gpus"], format_size(e["size_bytes"]), e["ring_s"] * 1e6, e["ring_busbw_gbs"],
+             e["hier_s"] * 1e6, e["hier_busbw_gbs"], e["ratio"]] for e in estimates]  # fmt: skip
     if markdown:
         return table.markdown(cols, rows, groups)
-    return (table.text(cols, rows, groups)
-            + "\n# ratio = flat-ring time / smddp time (= smddp busbw / flat-ring busbw)")
+    return f"{table.text(cols, rows, groups)}\n# {_MODEL_RATIO}"
 
 
 def model_markdown(rec: dict[str, Any]) -> tuple[str, str]:
-    return model_table(rec["results"], markdown=True), (
-        f"cost model, preset {rec['preset']}: {rec['constants']['name']}; ratio = flat-ring time "
-        "/ smddp time (= smddp busbw / flat-ring busbw)")
+    caption = f"cost model, preset {rec['preset']}: {rec['constants']['name']}; {_MODEL_RATIO}"
+    return model_table(rec["results"], markdown=True), caption
 
 
 def calibration_tables(rec: dict[str, Any], markdown: bool = False) -> str:
     render = table.markdown if markdown else table.text
-    fits = [[f["label"], f["alpha_s"] * 1e6, (f["beta_bytes_per_s"] or math.inf) / 1e9,
-             f["worst_error"] * 100] for f in rec["fits"].values()]  # fmt: skip
-    fit_cols = [Column("transport", left=True), Column("alpha", "(us)", "{:.1f}"),
-                Column("beta", "(GB/s)", "{:.3f}"), Column("worst fit error", "(%)", "{:.0f}")]
+    fits = [[f["label"], f["alpha_s"] * 1e6, (f["beta_bytes_per_s"] or math.inf) / 1e9, f["worst_error"] * 100]
+            for f in rec["fits"].values()]  # fmt: skip
+    fit_cols = [Column("transport", left=True), Column("alpha", "(us)", "{:.1f}"), Column("beta", "(GB/s)", "{:.3f}"),
+                Column("worst fit error", "(%)", "{:.0f}")]  # fmt: skip
     cols = [Column("op", left=True), Column("size", "(B)"), Column("measured", "(us)", "{:.1f}"),
             Column("smddp model", "(us)", "{:.1f}"), Column("error", "(%)", "{:+.0f}"),
             Column("flat ring model", "(us)", "{:.1f}")]  # fmt: skip
-    rows = [[r["op"], format_size(r["size_bytes"]), r["measured_s"] * 1e6,
-             r["model_smddp_s"] * 1e6, (r["model_smddp_s"] / r["measured_s"] - 1) * 100,
-             r["model_ring_s"] * 1e6] for r in rec["results"]]  # fmt: skip
+    rows = [[r["op"], format_size(r["size_bytes"]), r["measured_s"] * 1e6, r["model_smddp_s"] * 1e6,
+             (r["model_smddp_s"] / r["measured_s"] - 1) * 100, r["model_ring_s"] * 1e6] for r in rec["results"]]
     return render(fit_cols, fits) + "\n\n" + render(cols, rows)
 
 
 def calibration_markdown(rec: dict[str, Any]) -> tuple[str, str]:
     return calibration_tables(rec, markdown=True), (
-        "fit of time = alpha + bytes/beta of an AllGather between two ranks (one step of size/2 "
-        "bytes); error = (model - measured) / measured")
+        "fit of time = alpha + bytes/beta of an AllGather between two ranks (one step of size/2 bytes); error = "
+        "(model - measured) / measured")
 
 
 def step_table(rec: dict[str, Any], markdown: bool = False) -> str:
@@ -339,31 +321,29 @@ def step_table(rec: dict[str, Any], markdown: bool = False) -> str:
     fake, ref = res.get("fake"), res.get("smddp")
     cols = [Column("backend", width=8, left=True), Column("step", "(s)", "{:.3f}", 9),
             Column("min", "(s)", "{:.3f}", 8), Column("comm wait", "(s)", "{:.3f}", 10),
-            Column("preempted", "(s)", "{:.3f}", 10), Column("vs fake", width=8),
-            Column("x smddp", width=8), Column("final loss", width=11)]  # fmt: skip
+            Column("preempted", "(s)", "{:.3f}", 10), Column("vs fake", width=8), Column("x smddp", width=8),
+            Column("final loss", width=11)]  # fmt: skip
     rows = []
     for b, r in res.items():
         over = f"{r['overhead_vs_fake']:+.1%}" if r["overhead_vs_fake"] is not None else "-"
         loss = f"{r['final_loss']:.6f}" if r["final_loss"] is not None and b != "fake" else "-"
-        rows.append([b, r["median_s"], min(r["step_s"]), r["median_comm_wait_s"],
-                     r["median_preempted_s"], over,
+        rows.append([b, r["median_s"], min(r["step_s"]), r["median_comm_wait_s"], r["median_preempted_s"], over,
                      f"{r['median_s'] / ref['median_s']:.2f}" if ref else "-", loss])  # fmt: skip
     out = table.markdown(cols, rows) if markdown else table.text(cols, rows)
     if ref and fake and "gloo" in res and not markdown:
         g = res["gloo"]
-        out += (f"\n# communication cost per step: smddp {ref['median_s'] - fake['median_s']:+.3f}"
-                f" s, gloo {g['median_s'] - fake['median_s']:+.3f} s; smddp is "
-                f"{g['median_s'] / ref['median_s']:.2f}x as fast as gloo")  # fmt: skip
+        out += (f"\n# communication cost per step: smddp {ref['median_s'] - fake['median_s']:+.3f} s, gloo "
+                f"{g['median_s'] - fake['median_s']:+.3f} s; smddp is {g['median_s'] / ref['median_s']:.2f}x as fast "
+                "as gloo")
     return out
 
 
 def step_markdown(rec: dict[str, Any]) -> tuple[str, str]:
     s = rec["settings"]
     return step_table(rec, markdown=True), (
-        f"{s['strategy']} step, {s['world']} ranks, {s['preset']} ({s['num_params'] / 1e6:.2f} M "
-        f"parameters), {s['tokens']} tokens per rank; median of {s['steps']} interleaved steps "
-        "after warm-up; step = slowest rank; vs fake = the step's overhead over torch's fake "
-        "backend, whose collectives do nothing")
+        f"{s['strategy']} step, {s['world']} ranks, {s['preset']} ({s['num_params'] / 1e6:.2f} M parameters), "
+        f"{s['tokens']} tokens per rank; median of {s['steps']} interleaved steps after warm-up; step = slowest "
+        "rank; vs fake = the step's overhead over torch's fake backend, whose collectives do nothing")
 
 
 # -- the docs: a record's table and its footer ---------------------------------------
@@ -387,10 +367,9 @@ def markdown(rec: dict[str, Any],
     text, what = view(rec)
     m = rec["machine"]
     load = m.get("load_average", {})
-    machine = (f"{m['cpu_model']}, {m['cpu_cores']} cores ({m['cpu_cores_available']} available), "
-               f"{m['memory_gb']} GB, {m['kernel']}, Python {m['python']}, torch {m['torch']}, "
-               f"smddp {m['smddp']}; load average {load.get('start')} at the start, "
-               f"{load.get('end')} at the end; {rec['created']}")  # fmt: skip
+    machine = (f"{m['cpu_model']}, {m['cpu_cores']} cores ({m['cpu_cores_available']} available), {m['memory_gb']} "
+               f"GB, {m['kernel']}, Python {m['python']}, torch {m['torch']}, smddp {m['smddp']}; load average "
+               f"{load.get('start')} at the start, {load.get('end')} at the end; {rec['created']}")
     lines = [text, "", f"- {what}"]
     if "timing" in rec:
         lines.append(f"- {rec['timing']['description']}")
