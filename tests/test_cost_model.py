@@ -5,6 +5,8 @@ bench/README.md ("Cost model"), with round constants:
     network: 1 NIC of 80 Gb/s, efficiency 1 -> B_net = 10 GB/s per node,
              alpha_inter = 10 us
     smddp pipeline chunk 1,000,000 bytes; size S = 8,000,000 bytes
+    the CUDA schedule: staging buffer Z = 1,000,000 bytes, a copy inside a
+             GPU B_copy = 200 GB/s, sync = 5 us per exchange
 """
 
 from __future__ import annotations
@@ -34,6 +36,12 @@ def machine(gpus_per_node: int, **kw) -> Machine:
     )
     base.update(kw)
     return Machine(**base)
+
+
+def cuda(gpus_per_node: int, **kw) -> Machine:
+    base = dict(schedule="cuda", staging_bytes=1_000_000, copy_gbs=200.0, sync_us=5.0)
+    base.update(kw)
+    return machine(gpus_per_node, **base)
 
 
 def test_one_node_is_a_ring_over_nvswitch():
@@ -104,13 +112,74 @@ def test_presets():
     # ring = 112*3.4 + 15*14 + 127*524288/42.5e9 s = 590.8 + 1566.7 us
     t = ring_time("all_gather", 64 << 20, 16, p4d)
     assert t == pytest.approx((590.8 + 127 * 524288 / 42.5e9 / US) * US)
-    # smddp: rail 15*14 + 15*524288/5.3125e9 s; node 7*3.4 + 7*16*524288/300e9 s;
-    # 8 chunks of 1 MiB per GPU; the rail stage is the slower one.
-    rail = 210 * US + 15 * 524288 / 5.3125e9
-    node_lat, node_bw = 23.8 * US, 7 * 16 * 524288 / 300e9
-    assert hierarchical_time("all_gather", 64 << 20, 16, p4d) == pytest.approx(
-        rail + node_lat + node_bw / 8
-    )
+    # smddp, the CUDA rails schedule: the own block copied into the output,
+    # the rail's send/recv (15 steps of a block over the NIC share), then the
+    # node stage: 32 MiB of staging / 16 nodes = 2 MiB per block, one chunk:
+    # one exchange, the 16 rail blocks into the stage, 7 peers' 16 blocks
+    # over NVSwitch.
+    assert p4d.schedule == "cuda" and p4d.staging_bytes == 32 << 20
+    assert p4d.copy_gbs == 777.5 and p4d.sync_us == 20.0
+    b = 524288
+    rail = 15 * 14 * US + 15 * b / 5.3125e9
+    node = 20 * US + 16 * b / 777.5e9 + 7 * 16 * b / 300e9
+    assert hierarchical_time("all_gather", 64 << 20, 16, p4d) == pytest.approx(b / 777.5e9 + rail + node)
+
+
+def test_cuda_all_gather_is_the_rail_stage_then_the_node_stage():
+    # N=2, G=2, block b = 2e6 B. Own block into the output: 2e6/200e9 = 10 us.
+    # Rail (grouped send/recv, N-1 = 1 step): 10 + 2e6/5e9 = 410 us.
+    # Node: Z/N = 500,000 B of each block per chunk -> 4 chunks, 4 x 5 us;
+    # the rail's 2 blocks into the stage 4e6/200e9 = 20 us; the peer's 2
+    # blocks over NVSwitch 4e6/100e9 = 40 us. 10 + 410 + 20 + 20 + 40 = 500 us.
+    m = cuda(2)
+    assert hierarchical_time("all_gather", S, 2, m) == pytest.approx(500 * US)
+    # Nothing overlaps: faster links shorten the sum, never hide a stage.
+    assert hierarchical_time("all_gather", S, 2, cuda(2, nvlink_gbs=1e9)) == pytest.approx(460 * US, rel=1e-6)
+
+
+def test_cuda_reduce_scatter_is_the_node_stage_then_the_rail_stage():
+    # Node: Z/(N*G) = 250,000 B of each of the 4 blocks per chunk -> 8 chunks,
+    # 8 x 5 us; the input into the stage 8e6/200e9 = 40 us; the kernel reads
+    # the peer's 2 blocks (N blocks of b) over NVSwitch: 4e6/100e9 = 40 us.
+    # Rail (NCCL's ring on N ranks): 10 + 2e6/5e9 = 410 us. 530 us.
+    assert hierarchical_time("reduce_scatter", S, 2, cuda(2)) == pytest.approx(530 * US)
+
+
+def test_cuda_all_reduce_runs_the_rail_on_every_chunk():
+    # Chunks of Z/2 = 500,000 B -> 16. Each: two exchanges (10 us) and the
+    # rail AllReduce's 2(N-1) = 2 steps (20 us) -> 16 x 30 = 480 us. Copies:
+    # the input into the stage 40 us, the own result slice back 8e6/2/200e9 =
+    # 20 us; over NVSwitch the peer's half read by the kernel and its result
+    # slice copied: 2 x 4e6/100e9 = 80 us; the rail's bytes 2 x 2e6 / 5e9 =
+    # 800 us. 480 + 40 + 20 + 80 + 800 = 1420 us.
+    assert hierarchical_time("all_reduce", S, 2, cuda(2)) == pytest.approx(1420 * US)
+
+
+def test_cuda_one_node_is_the_node_schedule():
+    # G=2, b = 4e6: own block 20 us; Z = 1e6 -> 4 chunks, 20 us of sync;
+    # into the stage 20 us; the peer's stage over NVSwitch 40 us: 100 us.
+    assert hierarchical_time("all_gather", S, 1, cuda(2)) == pytest.approx(100 * US)
+    # ReduceScatter: 8 chunks of Z/G per block; 40 + 40 (the input staged)
+    # + 4e6/100e9 (the peer's half of my block) = 120 us.
+    assert hierarchical_time("reduce_scatter", S, 1, cuda(2)) == pytest.approx(120 * US)
+
+
+def test_cuda_sync_is_paid_once_per_exchange():
+    # A larger per-exchange latency adds chunks x exchanges x the difference.
+    for op, exchanges in (("all_gather", 4), ("reduce_scatter", 8), ("all_reduce", 32)):
+        low = hierarchical_time(op, S, 2, cuda(2))
+        high = hierarchical_time(op, S, 2, cuda(2, sync_us=105.0))
+        assert high - low == pytest.approx(exchanges * 100 * US), op
+    # A staging buffer twice as large halves the exchanges.
+    low = hierarchical_time("reduce_scatter", S, 2, cuda(2, staging_bytes=2_000_000))
+    assert hierarchical_time("reduce_scatter", S, 2, cuda(2)) - low == pytest.approx(4 * 5 * US)
+
+
+def test_the_pipelined_cpu_schedule_is_chosen_by_name():
+    assert machine(2).schedule == "cpu-pipelined"
+    pipelined = hierarchical_time("all_gather", S, 2, machine(2))
+    assert pipelined == pytest.approx(421 * US)
+    assert hierarchical_time("all_gather", S, 2, cuda(2)) != pytest.approx(pipelined)
 
 
 def test_errors():
@@ -118,6 +187,8 @@ def test_errors():
         ring_time("broadcast", S, 2, machine(2))
     with pytest.raises(ValueError):
         hierarchical_time("all_gather", S, 0, machine(2))
+    with pytest.raises(ValueError, match="schedule"):
+        hierarchical_time("all_gather", S, 2, machine(2, schedule="tree"))
 
 
 def test_fit_recovers_alpha_and_beta():
@@ -155,14 +226,17 @@ def test_command(capsys):
                 "20",
                 "--ring-channels",
                 "1",
-                "--chunk",
+                "--staging-bytes",
                 "4M",
+                "--sync-us",
+                "50",
             ]
         )
         == 0
     )
     out = capsys.readouterr().out
-    assert "20 us across nodes" in out and "1 rings" in out and "chunk 4M" in out
+    assert "20 us across nodes" in out and "1 rings" in out
+    assert "staging buffer 4M" in out and "50 us per exchange" in out
     assert len([line for line in out.splitlines() if not line.startswith("#")]) == 3
 
 
@@ -174,6 +248,7 @@ def test_command(capsys):
         ["--sizes", "4Q"],
         ["--op", "broadcast"],
         ["--nvlink-gbs", "0"],
+        ["--schedule", "tree"],
     ],
 )
 def test_command_errors(argv, capsys):

@@ -3,9 +3,12 @@
 An alpha-beta model (a step that moves m bytes over a link of bandwidth B
 costs alpha + m/B) of N nodes of G GPUs: the flat ring's P-1 steps over the
 slowest link, against smddp's rail stage (each GPU over its own NIC share)
-and node stage (over NVSwitch), pipelined in chunks. bench/README.md ("Cost
-model") gives the formulas and the source of every preset's constant.
-Torch-free.
+and node stage (over NVSwitch) as the machine's schedule runs them: the CUDA
+path's (algorithm/cuda: one stage after the other on one stream, the node
+stage in chunks of the staging buffer with an exchange per chunk) or the CPU
+path's pipelined one (algorithm/hierarchical: both stages at once, chunk by
+chunk). bench/README.md ("Cost model") gives the formulas and the source of
+every preset's constant. Torch-free.
 """
 
 from __future__ import annotations
@@ -24,6 +27,8 @@ from smddp.bench.units import HelpFormatter, SizeOptions, arg, at_least, choose,
 from smddp.bench.units import parse_counts, parse_size, parse_size_list, positive
 
 MODEL_OPS = ("all_gather", "reduce_scatter", "all_reduce")
+# smddp's schedules the model knows, by the code path that runs them.
+SCHEDULES = ("cuda", "cpu-pipelined")
 
 
 @dataclass(frozen=True)
@@ -39,8 +44,14 @@ class Machine:
     alpha_intra_us: float  # latency of one ring step inside a node
     alpha_inter_us: float  # latency of one ring step across nodes
     ring_channels: int = 0  # rings NCCL runs side by side; 0: one per GPU of a node
-    chunk_bytes: int = 1 << 20  # smddp's pipeline chunk (SMDDP_CHUNK_BYTES)
+    chunk_bytes: int = 1 << 20  # cpu-pipelined: the pipeline chunk (SMDDP_CHUNK_BYTES)
     node_gbps: float = 0.0  # effective network rate of a node; 0: nics*nic_gbps*net_efficiency
+    # Which of smddp's schedules runs (SCHEDULES): cuda, the GPU path's node
+    # and rails schedules; cpu-pipelined, the host path's stages side by side.
+    schedule: str = "cpu-pipelined"
+    staging_bytes: int = 32 << 20  # cuda: each rank's staging buffer (SMDDP_CUDA_STAGING_BYTES)
+    copy_gbs: float = 0.0  # cuda: bytes/s of a copy inside one GPU, GB/s; 0: not modelled
+    sync_us: float = 0.0  # cuda: GPU time of one exchange's two meetings of the node's ranks
 
     @property
     def node_net_gbps(self) -> float:
@@ -63,10 +74,12 @@ class Machine:
 PRESETS: dict[str, Machine] = {
     "p4d": Machine("p4d.24xlarge (8 A100, NVSwitch, 4 x 100 Gb/s EFA)", gpus_per_node=8,
                    nvlink_gbs=300.0, nics=4, nic_gbps=100.0, net_efficiency=0.85,
-                   alpha_intra_us=3.4, alpha_inter_us=14.0),
+                   alpha_intra_us=3.4, alpha_inter_us=14.0, schedule="cuda",
+                   copy_gbs=777.5, sync_us=20.0),
     "p5": Machine("p5.48xlarge (8 H100, NVSwitch, 32 x 100 Gb/s EFA)", gpus_per_node=8,
                   nvlink_gbs=450.0, nics=32, nic_gbps=100.0, net_efficiency=0.85,
-                  alpha_intra_us=3.4, alpha_inter_us=14.0),
+                  alpha_intra_us=3.4, alpha_inter_us=14.0, schedule="cuda",
+                  copy_gbs=1675.0, sync_us=20.0),
 }  # fmt: skip
 
 
@@ -75,6 +88,8 @@ def _check(op: str, nodes: int, m: Machine) -> None:
         raise ValueError(f"the model covers {', '.join(MODEL_OPS)}, not {op!r}")
     if nodes < 1 or m.gpus_per_node < 1:
         raise ValueError("nodes and GPUs per node must be at least 1")
+    if m.schedule not in SCHEDULES:
+        raise ValueError(f"the model knows the schedules {', '.join(SCHEDULES)}, not {m.schedule!r}")
 
 
 def pipeline_chunks(size: float, m: Machine) -> int:
@@ -93,9 +108,17 @@ def ring_time(op: str, size: float, nodes: int, m: Machine) -> float:
 
 
 def hierarchical_time(op: str, size: float, nodes: int, m: Machine) -> float:
-    """Seconds of smddp's rail-aligned, pipelined schedule: AllGather's rail
-    stage, then its node stage (ReduceScatter: the other order), chunks in a
-    pipeline, so the slower stage plus the faster one's latency and last chunk."""
+    """Seconds of smddp's schedule for ``op`` on ``size`` bytes: the one
+    ``m.schedule`` names."""
+    _check(op, nodes, m)
+    return cuda_time(op, size, nodes, m) if m.schedule == "cuda" else pipelined_time(op, size, nodes, m)
+
+
+def pipelined_time(op: str, size: float, nodes: int, m: Machine) -> float:
+    """Seconds of the CPU path's pipelined hierarchical schedule
+    (SMDDP_PIPELINE on): AllGather's rail stage, then its node stage
+    (ReduceScatter: the other order), chunks in a pipeline, so the slower
+    stage plus the faster one's latency and last chunk."""
     _check(op, nodes, m)
     g = m.gpus_per_node
     block = size / (nodes * g)
@@ -106,6 +129,48 @@ def hierarchical_time(op: str, size: float, nodes: int, m: Machine) -> float:
     slow, fast = (rail, node) if sum(rail) >= sum(node) else (node, rail)
     one_way = sum(slow) + fast[0] + fast[1] / pipeline_chunks(size, m)
     return one_way * (2 if op == "all_reduce" else 1)
+
+
+def cuda_time(op: str, size: float, nodes: int, m: Machine) -> float:
+    """Seconds of the CUDA path (algorithm/cuda): the node schedule on one
+    node, the rails schedule on several, every step on the caller's stream,
+    so stages and chunks add up. The node stage runs through the staging
+    buffers, one exchange per chunk (sync_us: its two meetings of the node's
+    ranks); the rail is NCCL on the N ranks of local rank l, a ring of N-1
+    steps (AllGather's grouped send/recv: one round per peer)."""
+    _check(op, nodes, m)
+    n, g, z = nodes, m.gpus_per_node, m.staging_bytes
+    nv, share = m.nvlink_gbs * 1e9, m.nic_share_gbs * 1e9
+    copy = m.copy_gbs * 1e9 if m.copy_gbs else math.inf
+    sync, alpha = m.sync_us * 1e-6, m.alpha_inter_us * 1e-6
+    block = size / (n * g)
+
+    def rail(steps: int, step_bytes: float) -> float:
+        return steps * (alpha + step_bytes / share)
+
+    if op == "all_gather":
+        # The own block into the output; the rail's blocks straight into the
+        # output; then per chunk of Z/N bytes of each of the rail's N blocks:
+        # the N blocks into the own stage, an exchange, each of the G-1 peers'
+        # stages copied out over NVSwitch.
+        chunks = math.ceil(block / max(1, z // n))
+        return (block / copy + rail(n - 1, block)
+                + chunks * sync + n * block / copy + (g - 1) * n * block / nv)  # fmt: skip
+    if op == "reduce_scatter":
+        # Per chunk of Z/(N*G) bytes of every block: the input's rows into the
+        # stage, an exchange, one kernel reducing the rail's N blocks from
+        # every stage (G-1 of them over NVSwitch); then the rail's
+        # ReduceScatter of the node's partials.
+        chunks = math.ceil(block / max(1, z // (n * g)))
+        return chunks * sync + size / copy + (g - 1) * n * block / nv + rail(n - 1, block)
+    # AllReduce, per chunk of Z/2 bytes (the other half holds the results):
+    # the chunk into the stage, an exchange, the own slice (1/G) reduced over
+    # the node and all-reduced over the rail (2(N-1) steps of a 1/N of it),
+    # an exchange, every slice copied out (the own one locally).
+    half = max(16, z // 2 // 16 * 16)
+    chunks = math.ceil(size / half)
+    return (chunks * (2 * sync + 2 * (n - 1) * alpha) + size / copy + size / g / copy
+            + 2 * (g - 1) * size / g / nv + 2 * (n - 1) * size / (g * n) / share)  # fmt: skip
 
 
 @dataclass(frozen=True)
@@ -152,6 +217,13 @@ def fit_alpha_beta(nbytes: Sequence[float], seconds: Sequence[float]) -> tuple[f
 
 # -- the command ---------------------------------------------------------------
 
+
+def _one(text: str, allowed: Sequence[str], what: str) -> str:
+    if text not in allowed:
+        raise ValueError(f"unknown {what} {text!r} (choose from {', '.join(allowed)})")
+    return text
+
+
 # The options of the constants that override the preset: Machine field -> type, help.
 _CONSTANTS: dict[str, tuple[Any, str]] = {
     "gpus_per_node": (at_least(1), "GPUs per node"),
@@ -165,7 +237,17 @@ _CONSTANTS: dict[str, tuple[Any, str]] = {
     "alpha_inter_us": (at_least(0, float), "latency of a ring step across nodes, us"),
     "ring_channels": (at_least(0),
                       "rings the flat ring runs side by side (0, the default: GPUs per node)"),
-    "chunk_bytes": (at_least(1, parse_size), "smddp's pipeline chunk [1M]"),
+    "chunk_bytes": (at_least(1, parse_size), "cpu-pipelined: the pipeline chunk [1M]"),
+    "schedule": (arg(lambda text: _one(text, SCHEDULES, "schedule")),
+                 "smddp's schedule: cuda (the GPU path: stages one after the other, the node "
+                 "stage through the staging buffers) or cpu-pipelined (the host path: stages "
+                 "side by side) [the preset's: cuda]"),
+    "staging_bytes": (at_least(1, parse_size),
+                      "cuda: each rank's staging buffer, SMDDP_CUDA_STAGING_BYTES [32M]"),
+    "copy_gbs": (positive, "cuda: GB/s of a copy inside one GPU (read and write)"),
+    "sync_us": (at_least(0, float),
+                "cuda: GPU time of one exchange through the staging buffers (two meetings of "
+                "the node's ranks), us"),
 }  # fmt: skip
 SIZES = SizeOptions(sizes="64M,256M", minbytes="64M", maxbytes="256M", factor=2.0)
 
@@ -223,9 +305,18 @@ def describe(m: Machine) -> str:
         f"NIC share per GPU {m.nic_share_gbs:.4g} GB/s",
         f"#   alpha      {m.alpha_intra_us:.4g} us per ring step inside a node, "
         f"{m.alpha_inter_us:.4g} us across nodes",
-        f"#   flat ring  {m.channels} rings side by side; "
-        f"smddp pipeline chunk {format_size(m.chunk_bytes)}",
+        f"#   flat ring  {m.channels} rings side by side",
+        f"#   smddp      {describe_schedule(m)}",
     ])  # fmt: skip
+
+
+def describe_schedule(m: Machine) -> str:
+    """smddp's schedule and its constants, in one line."""
+    if m.schedule == "cuda":
+        copy = f"{m.copy_gbs:.4g} GB/s" if m.copy_gbs else "not modelled"
+        return (f"the CUDA schedule, stages one after the other; staging buffer "
+                f"{format_size(m.staging_bytes)}, {m.sync_us:.4g} us per exchange, copies in a GPU {copy}")
+    return f"the CPU pipelined schedule, stages side by side in chunks of {format_size(m.chunk_bytes)}"
 
 
 def main(argv: list[str], prog: str = "smddp-bench model", calibrate: bool = False) -> int:
