@@ -15,7 +15,7 @@ import math
 
 import pytest
 
-from smddp.bench import model
+from smddp.bench import model, record, views
 from smddp.bench.model import Machine, estimate, fit_alpha_beta, hierarchical_time, ring_time
 
 US = 1e-6
@@ -238,6 +238,20 @@ def test_command(capsys):
     assert "20 us across nodes" in out and "1 rings" in out
     assert "staging buffer 4M" in out and "50 us per exchange" in out
     assert len([line for line in out.splitlines() if not line.startswith("#")]) == 3
+
+
+def test_the_record_names_the_schedule(tmp_path, capsys):
+    path = tmp_path / "model.json"
+    argv = ["--preset", "p4d", "--nodes", "16", "--sizes", "64M", "--op", "all_gather", "--sync-us", "7"]
+    assert model.main([*argv, "--json", str(path)]) == 0
+    rec = record.read(str(path))
+    assert rec["constants"]["schedule"] == "cuda" and rec["constants"]["sync_us"] == 7.0
+    assert "stages one after the other" in rec["schedule"] and "7 us per exchange" in rec["schedule"]
+    _, caption = views.model_markdown(rec)
+    assert f"smddp: {rec['schedule']}" in caption
+    (row,) = rec["results"]
+    assert row["hier_s"] == pytest.approx(hierarchical_time("all_gather", 64 << 20, 16,
+                                                            Machine(**rec["constants"])))
 
 
 @pytest.mark.parametrize(

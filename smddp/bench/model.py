@@ -344,7 +344,7 @@ def main(argv: list[str], prog: str = "smddp-bench model", calibrate: bool = Fal
     print(views.model_table(estimates))
     if ns.json:
         rec = record.new("model", [*prog.split(), *argv], vars(ns), preset=ns.preset,
-                         constants=asdict(m), results=estimates)  # fmt: skip
+                         constants=asdict(m), schedule=describe_schedule(m), results=estimates)  # fmt: skip
         record.write(rec, ns.json)
         print(f"# written: {ns.json}", file=sys.stderr)
     return 0

@@ -292,7 +292,8 @@ def model_table(estimates: list[dict], markdown: bool = False) -> str:
 
 
 def model_markdown(rec: dict[str, Any]) -> tuple[str, str]:
-    caption = f"cost model, preset {rec['preset']}: {rec['constants']['name']}; {_MODEL_RATIO}"
+    smddp = f"; smddp: {rec['schedule']}" if rec.get("schedule") else ""
+    caption = f"cost model, preset {rec['preset']}: {rec['constants']['name']}{smddp}; {_MODEL_RATIO}"
     return model_table(rec["results"], markdown=True), caption
 
 
