@@ -114,7 +114,7 @@ def _report(s: CalibrationSettings, world: int, rpn: int, pair: dict[str, list],
         name="this host, calibrated (a rank stands for a GPU)", gpus_per_node=rpn,
         nvlink_gbs=gbs["shm"], nics=rpn, nic_gbps=gbs["socket"] * 8, net_efficiency=1.0,
         alpha_intra_us=fits["shm"]["alpha_s"] * 1e6, alpha_inter_us=fits["socket"]["alpha_s"] * 1e6,
-        ring_channels=rpn, chunk_bytes=s.chunk_bytes,
+        ring_channels=rpn, chunk_bytes=s.chunk_bytes, schedule="cpu-pipelined",
     )  # fmt: skip
     nodes = world // rpn
     results = []

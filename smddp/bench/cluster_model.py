@@ -58,7 +58,7 @@ def machine(facts: dict[str, Any], fits: dict[str, dict], chunk_bytes: int) -> _
         nic_gbps=rate * 8 / 1e9,
         net_efficiency=min(1.0, (net["beta_bytes_per_s"] or math.inf) / rate),
         alpha_intra_us=shm["alpha_s"] * 1e6, alpha_inter_us=net["alpha_s"] * 1e6,
-        ring_channels=max(1, per_host // nics), chunk_bytes=chunk_bytes,
+        ring_channels=max(1, per_host // nics), chunk_bytes=chunk_bytes, schedule="cpu-pipelined",
     )  # fmt: skip
 
 
