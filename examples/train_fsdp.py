@@ -325,7 +325,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     pick_device(args)  # binds this rank's GPU before the group exists
     dist.init_process_group(args.backend)
     try:
-        return train(args)
+        status = train(args)
+        # Every rank is done with the group before any tears it down: gloo
+        # aborts a process whose peers close their connections while its
+        # own teardown is still under way.
+        dist.barrier()
+        return status
     finally:
         dist.destroy_process_group()
 
