@@ -252,7 +252,7 @@ def run(ns: argparse.Namespace, parser: argparse.ArgumentParser, argv: list[str]
         print(cli.describe(settings, world, None), flush=True)
         print(header(facts), flush=True)
         started = time.monotonic()
-        rank_argv = ["-m", "smddp.bench", *argv, "--no-progress"]
+        rank_argv = ["-m", "smddp.bench", *argv, *([] if "--no-progress" in argv else ["--no-progress"])]
         code = run_hosts(c, hosts, per_host, rank_argv, rank_env(c, facts), ns.timeout, "smddp-bench")
         print(f"# wall time: {time.monotonic() - started:.1f} s", flush=True)
         return code
