@@ -1,7 +1,8 @@
 # The two commands of the README do all the set-up on a fresh machine:
 #
 #   make bench   the side-by-side benchmark (smddp against gloo here, nccl on GPUs)
-#   make test    native tests (ctest) and the Python tests (pytest)
+#   make test    native tests (ctest, under AddressSanitizer and UBSan) and the
+#                Python tests (pytest)
 #   make peers   smddp against MPI and DeepSpeed on this host (python -m bench.peers)
 #   make compat  a fresh copy of the tracked files built against torch 2.11
 #                (the oldest torch smddp supports) and a short test subset
@@ -56,7 +57,8 @@ tsan:
 pytest: build
 	$(PY) -m pytest -q tests $(PYTEST_ARGS)
 
-test: build native-test
+# The native tests run once, under the sanitizers (make native-test: without).
+test: build asan
 	$(PY) -m pytest -q tests $(PYTEST_ARGS)
 
 bench: build
