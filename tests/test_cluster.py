@@ -192,7 +192,7 @@ if __name__ == "__main__":
 
 # ---------------------------------------------------------------- the test side
 
-from smddp.cluster import Cluster, ClusterRun, unavailable_reason  # noqa: E402
+from smddp.cluster import Cluster, ClusterError, ClusterRun, unavailable_reason  # noqa: E402
 
 
 @pytest.fixture(scope="module")
@@ -411,6 +411,22 @@ def test_the_benchmark_on_a_cluster_of_its_own(tmp_path) -> None:
     assert rec["summary"]["wrong"] == 0
     # It brought the cluster up, so it took it down.
     assert Cluster(hosts=1, nics=1, name="smddpb").leftovers() == []
+
+
+@pytest.mark.timeout(60, func_only=True)
+def test_hosts_run_the_stock_tcp_whatever_the_machines_default(cluster) -> None:
+    with open("/proc/sys/net/ipv4/tcp_allowed_congestion_control") as f:
+        allowed = f.read().split()
+    with open("/proc/sys/net/ipv4/tcp_congestion_control") as f:
+        machine = f.read().strip()
+    # A namespace may only choose among the allowed ones; else it keeps the machine's.
+    want = "cubic" if "cubic" in allowed else machine
+    for h in range(cluster.hosts):
+        assert cluster.exec(h, ["cat", "/proc/sys/net/ipv4/tcp_congestion_control"]).stdout.strip() == want
+    assert cluster.tcp == want and f"TCP {want}," in cluster.describe()
+    assert Cluster.load(NAME).tcp == want
+    with pytest.raises(ClusterError, match=r"--tcp-congestion nosuch: this kernel has .*reno"):
+        Cluster(hosts=1, nics=1, name="smddpc", tcp_congestion="nosuch")
 
 
 @pytest.mark.timeout(60, func_only=True)

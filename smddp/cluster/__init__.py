@@ -13,8 +13,10 @@ benchmarks. Each NIC has a routing table of its own, chosen by the source
 address, that sends everything from its address through it and nowhere else
 (a down NIC does not fail over to another), as the rails of a p4d's EFAs do.
 ``--rate`` shapes every NIC's egress on both ends of its link (``tc tbf``),
-so a host sends and receives at most K x rate. Nothing reaches outside the
-machine: there is no uplink, no NAT and no default route.
+so a host sends and receives at most K x rate. The hosts' TCP congestion
+control is cubic, a stock Linux host's, whatever this machine's default
+(``--tcp-congestion``). Nothing reaches outside the machine: there is no
+uplink, no NAT and no default route.
 
 ``run`` starts one torchrun per host with ``--node-rank h``, rendezvous on
 host 0's first NIC, ``SMDDP_SOCKET_IFNAME`` and ``GLOO_SOCKET_IFNAME`` set to

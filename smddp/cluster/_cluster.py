@@ -24,6 +24,11 @@ MAX_NICS = 16
 # A NIC k's routing table and the priority of its rule: 100 + k.
 _TABLE_BASE = 100
 _BRIDGE = "br0"
+# The hosts' TCP congestion control: the stock Linux default, whatever this
+# machine's default is, so that a cluster's results do not depend on the
+# machine it is emulated on. "system" keeps the machine's.
+TCP_CONGESTION = "cubic"
+_TCP_SYSCTL = "/proc/sys/net/ipv4/tcp_congestion_control"
 _CAP_NET_ADMIN = 12
 _CAP_SYS_ADMIN = 21
 _TOOLS = ("ip", "tc", "nsenter", "unshare", "mount", "umount")
@@ -126,6 +131,14 @@ def unavailable_reason(probe: bool = True) -> str | None:
     return None
 
 
+def _available_congestion() -> list[str] | None:
+    try:
+        with open("/proc/sys/net/ipv4/tcp_available_congestion_control") as f:
+            return f.read().split()
+    except OSError:
+        return None
+
+
 def _sh(cmd: Sequence[str], check: bool = True) -> subprocess.CompletedProcess:
     p = subprocess.run(list(cmd), capture_output=True, text=True)
     if check and p.returncode != 0:
@@ -185,6 +198,7 @@ class Cluster:
         mtu: int = 9000,
         name: str = DEFAULT_NAME,
         state_root: str = STATE_ROOT,
+        tcp_congestion: str = TCP_CONGESTION,
     ):
         if not re.fullmatch(r"[a-z][a-z0-9]{0,9}", name):
             raise ClusterError(
@@ -196,6 +210,15 @@ class Cluster:
             raise ClusterError(f"--nics {nics}: use 1..{MAX_NICS}")
         if not 1280 <= mtu <= 65535:
             raise ClusterError(f"--mtu {mtu}: use 1280..65535 (9000 is the jumbo MTU of EFA and most clusters)")
+        available = _available_congestion()
+        if tcp_congestion != "system" and available is not None and tcp_congestion not in available:
+            raise ClusterError(
+                f"--tcp-congestion {tcp_congestion}: this kernel has {' '.join(available)}; load it "
+                f"(modprobe tcp_{tcp_congestion}), pick one of those, or use system (the machine's default)"
+            )
+        self.tcp_congestion = tcp_congestion
+        # What the hosts run, once up (the kernel may refuse the one asked for).
+        self.tcp: str | None = None
         self.name = name
         self.hosts = hosts
         self.nics = nics
@@ -269,6 +292,8 @@ class Cluster:
             "rate": self.rate,
             "rate_bytes_per_s": self.rate_bytes_per_s,
             "mtu": self.mtu,
+            "tcp_congestion": self.tcp_congestion,
+            "tcp": self.tcp,
             "address_range": ADDRESS_RANGE,
             "switch": self.switch,
             "bridge": _BRIDGE,
@@ -295,7 +320,11 @@ class Cluster:
             ) from None
         except (OSError, ValueError) as e:
             raise ClusterError(f"cannot read {path}: {e}; `smddp-cluster down` removes what is left") from None
-        c = cls(hosts=s["hosts"], nics=s["nics"], rate=s["rate"], mtu=s["mtu"], name=s["name"], state_root=state_root)
+        c = cls(
+            hosts=s["hosts"], nics=s["nics"], rate=s["rate"], mtu=s["mtu"], name=s["name"], state_root=state_root,
+            tcp_congestion=s.get("tcp_congestion", "system"),
+        )
+        c.tcp = s.get("tcp")
         if not s.get("complete"):
             raise ClusterError(f"cluster {name!r} was not made completely; `smddp-cluster down` removes what is left")
         return c
@@ -304,7 +333,7 @@ class Cluster:
         rate = f"{self.rate} per NIC per direction" if self.rate else "unshaped"
         lines = [
             f"cluster {self.name!r}: {self.hosts} hosts x {self.nics} NICs, {rate}, MTU {self.mtu}, "
-            f"addresses in {ADDRESS_RANGE}; rendezvous on {self.master_address}"
+            f"TCP {self.tcp or self.tcp_congestion}, addresses in {ADDRESS_RANGE}; rendezvous on {self.master_address}"
         ]
         for h in self._hosts:
             nics = ", ".join(f"{n['name']} {n['address']}" for n in h.nics)
@@ -376,6 +405,7 @@ class Cluster:
                 "net.ipv4.conf.all.rp_filter": "0",
                 "net.ipv4.conf.default.rp_filter": "0",
             })
+            self._set_congestion(ns)
             _sh(["ip", "-n", ns, "link", "set", "lo", "up"])
             for k, nic in enumerate(h.nics):
                 port, name, addr = nic["port"], nic["name"], nic["address"]
@@ -405,6 +435,24 @@ class Cluster:
                 "nsenter", f"--net=/run/netns/{ns}", "unshare", f"--uts={h.uts}", f"--mount={h.mnt}",
                 "--propagation", "private", "sh", "-ec", inside,
             ])
+
+    def _set_congestion(self, ns: str) -> None:
+        enter = ["nsenter", f"--net=/run/netns/{ns}"]
+        if self.tcp_congestion != "system":
+            p = _sh([*enter, "sh", "-c", f"echo {shlex.quote(self.tcp_congestion)} > {_TCP_SYSCTL}"], check=False)
+            if p.returncode != 0 and self.tcp is None:
+                # A namespace may choose only among the algorithms the machine
+                # allows; the hosts then keep the machine's default, and
+                # describe() says which.
+                allowed = _sh(["cat", "/proc/sys/net/ipv4/tcp_allowed_congestion_control"]).stdout.split()
+                print(
+                    f"smddp-cluster: the hosts keep this machine's TCP congestion control: a network "
+                    f"namespace may choose only among net.ipv4.tcp_allowed_congestion_control "
+                    f"({' '.join(allowed)}), not {self.tcp_congestion}. To allow it: sysctl -w "
+                    f"net.ipv4.tcp_allowed_congestion_control='{' '.join([*allowed, self.tcp_congestion])}'",
+                    file=sys.stderr,
+                )
+        self.tcp = _sh([*enter, "cat", _TCP_SYSCTL]).stdout.strip()
 
     def _route(self, ns: str, k: int, addr: str) -> None:
         _sh([

@@ -13,7 +13,14 @@ from __future__ import annotations
 import argparse
 import sys
 
-from smddp.cluster._cluster import DEFAULT_NAME, MASTER_PORT, Cluster, ClusterError, unavailable_reason
+from smddp.cluster._cluster import (
+    DEFAULT_NAME,
+    MASTER_PORT,
+    TCP_CONGESTION,
+    Cluster,
+    ClusterError,
+    unavailable_reason,
+)
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -39,6 +46,11 @@ def _parser() -> argparse.ArgumentParser:
         "(default: %(default)s)",
     )
     up.add_argument("--mtu", type=int, default=9000, help="MTU of every link (default: %(default)s)")
+    up.add_argument(
+        "--tcp-congestion", default=TCP_CONGESTION,
+        help="the hosts' TCP congestion control, as a stock Linux host has it whatever this machine's "
+        "default; system: this machine's (default: %(default)s)",
+    )
 
     run = sub.add_parser("run", help="one torchrun per host: smddp-cluster run [options] -- SCRIPT ARGS")
     run.add_argument("--nproc-per-node", type=int, default=None, help="ranks per host (default: one per NIC)")
@@ -82,7 +94,10 @@ def main(argv: list[str] | None = None) -> int:
             print(reason or "a cluster can be made here")
             return 1 if reason else 0
         if args.command == "up":
-            c = Cluster(hosts=args.hosts, nics=args.nics, rate=args.rate, mtu=args.mtu, name=args.name)
+            c = Cluster(
+                hosts=args.hosts, nics=args.nics, rate=args.rate, mtu=args.mtu, name=args.name,
+                tcp_congestion=args.tcp_congestion,
+            )
             c.up()
             print(c.describe())
             return 0
