@@ -6,7 +6,8 @@ CPU sources are always built. CUDA sources (csrc/**/cuda/) are built when
 torch has CUDA and nvcc is found; SMDDP_WITH_CUDA=1 insists on them (and fails
 if they cannot be built), SMDDP_WITH_CUDA=0 leaves them out.
 SMDDP_CUDA_ARCHS picks the GPU architectures (default 80,90) and
-SMDDP_NVCC_FLAGS adds nvcc flags (e.g. -lineinfo).
+SMDDP_NVCC_FLAGS adds nvcc flags (e.g. -lineinfo). The objects carry line
+tables only; SMDDP_DEBUG_INFO=full builds them with full debug information.
 
     pip install --no-build-isolation .        # or -e .
 """
@@ -66,6 +67,10 @@ CXX_FLAGS = [
     "-Werror=switch",
     # torch's CUDA headers use hardware_destructive_interference_size.
     "-Wno-interference-size",
+    # Line tables only (overriding Python's -g): backtraces and profilers
+    # still name file and line, and torch's headers do not double the build
+    # time with their full debug information. SMDDP_DEBUG_INFO=full keeps it.
+    "-g" if os.environ.get("SMDDP_DEBUG_INFO") == "full" else "-g1",
 ]
 
 
