@@ -359,6 +359,46 @@ def test_cuda_device_sync(pools):
         assert failures == []
 
 
+def case_allreduce_bits(sizes: list[int]) -> dict[str, str]:
+    """Every rank's AllReduce results, as digests of their bytes, for inputs
+    whose sums round (so that the order of the additions shows)."""
+    import hashlib
+
+    rank, dev = dist.get_rank(), _device()
+    out = {}
+    for dtype in (torch.float32, torch.bfloat16):
+        for op in (dist.ReduceOp.SUM, dist.ReduceOp.AVG):
+            for n in sizes:
+                g = torch.Generator().manual_seed(1000 * rank + n)
+                x = (torch.randn(n, generator=g) * 10 ** (rank % 3)).to(dtype).to(dev)
+                dist.all_reduce(x, op=op)
+                key = f"{dtype} {op} {n}"
+                out[key] = hashlib.sha256(x.cpu().view(torch.uint8).numpy().tobytes()).hexdigest()
+    return out
+
+
+@pytest.mark.timeout(250)
+def test_cuda_one_shot_allreduce(pools):
+    """SMDDP_CUDA_ONESHOT_BYTES: small AllReduces in one step, the same
+    references and the same bits as the two-step path; with device flags it
+    can be captured in a CUDA graph."""
+    if not torch.cuda.is_available():
+        pytest.skip("no GPU")
+    per_gpu = max(1, 4 // torch.cuda.device_count())
+    sizes = [1, 7, 4099, 16381]  # up to 64 KiB of float32: one shot
+    common = {"SMDDP_CUDA_RANKS_PER_GPU": str(per_gpu), "SMDDP_CUDA_STAGING_BYTES": "1M"}
+    one = pools(4, SMDDP_CUDA_ONESHOT_BYTES="64K", **common)
+    for failures in one.run(case_collectives, [0, 7, 4099, (1 << 20) + 3], timeout=120):
+        assert failures == []
+    bits = one.run(case_allreduce_bits, sizes, timeout=120)
+    two = pools(4, **common).run(case_allreduce_bits, sizes, timeout=120)
+    assert bits == two, "the one-shot AllReduce gives other bits than the two-step one"
+    per_gpu = max(1, 2 // torch.cuda.device_count())
+    graph = pools(2, SMDDP_CUDA_RANKS_PER_GPU=str(per_gpu), SMDDP_CUDA_SYNC="device", SMDDP_CUDA_ONESHOT_BYTES="64K")
+    for failures in graph.run(case_graph_capture, timeout=120):
+        assert failures == []
+
+
 @pytest.mark.timeout(150)
 def test_cuda_graph_capture(pools):
     if not torch.cuda.is_available():

@@ -149,6 +149,11 @@ constexpr int kYieldUsOversubscribed = 2000;
     "Copy to or from every node peer at once, in one batch the copy engines "   \
     "may run side by side (cudaMemcpyBatchAsync), instead of one copy after "  \
     "another.")                                                               \
+  X(cuda_oneshot_bytes, "SMDDP_CUDA_ONESHOT_BYTES", true, bytes, "0", "0..4G",        \
+    "A one-node AllReduce of at most this size (and of the staging buffer) "   \
+    "reduces every peer's whole input on every rank: one step between the "    \
+    "ranks instead of two (a ReduceScatter, then an AllGather), for L times "  \
+    "the reads; the bits are the same. 0: always two steps.")                  \
   X(debug_dump, "SMDDP_DEBUG_DUMP", false, string, "", "",                            \
     "Path prefix of a dump of each rank's last collectives (op, size, sequence " \
     "number, state, times), written to <prefix>.<group>.<rank>.json when a "     \
@@ -179,6 +184,7 @@ struct Config {
   bool cuda_ipc = true;
   std::string cuda_sync;
   bool cuda_batch_copies = false;
+  size_t cuda_oneshot_bytes = 0;
   std::string debug_dump;
 
   // Not knobs: how many ranks of the job run on this host and the fewest

@@ -80,10 +80,16 @@ class NodeSchedule : public Schedule {
 
   void allReduce(const OpArgs& args, cudaStream_t s) override {
     const int L = ctx_.topo.localSize();
-    slicedAllReduce(ctx_, args, s, [&](const void* const* srcs, uint8_t* result, size_t count) {
+    auto reduce = [&](const void* const* srcs, uint8_t* result, size_t count) {
       launchReduce(args.reduce, result, srcs, L, count, Sources::kInputs, Result::kFinal,
                    ctx_.config.cuda_reduce_blocks, s);
-    });
+    };
+    const size_t bytes = args.count * args.elemSize();
+    if (bytes <= ctx_.config.cuda_oneshot_bytes && bytes <= ctx_.ipc->stagingBytes()) {
+      oneShotAllReduce(ctx_, args, s, reduce);
+    } else {
+      slicedAllReduce(ctx_, args, s, reduce);
+    }
   }
 
   void broadcast(const OpArgs& args, cudaStream_t s) override {

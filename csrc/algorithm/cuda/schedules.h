@@ -114,6 +114,16 @@ void slicedAllReduce(
     cudaStream_t s,
     const std::function<void(const void* const* srcs, uint8_t* result, size_t count)>& reduceSlice);
 
+// AllReduce of a message that fits one staging buffer, in one exchange: each
+// rank stages its input and reduces every peer's whole stage into its output
+// with `reduceAll(srcs, out, count)`, in local rank order, so the bits are
+// slicedAllReduce's.
+void oneShotAllReduce(
+    DeviceContext& ctx,
+    const OpArgs& args,
+    cudaStream_t s,
+    const std::function<void(const void* const* srcs, uint8_t* result, size_t count)>& reduceAll);
+
 // Broadcast from local rank args.root through the staging buffers.
 void nodeBroadcast(DeviceContext& ctx, const OpArgs& args, cudaStream_t s);
 

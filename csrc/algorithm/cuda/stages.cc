@@ -206,6 +206,27 @@ void slicedAllReduce(
   }
 }
 
+void oneShotAllReduce(
+    DeviceContext& ctx,
+    const OpArgs& args,
+    cudaStream_t s,
+    const std::function<void(const void* const* srcs, uint8_t* result, size_t count)>& reduceAll) {
+  const int L = ctx.topo.localSize();
+  const int me = ctx.topo.myLocalRank();
+  const size_t bytes = args.count * args.elemSize();
+  SMDDP_ASSERT(bytes <= ctx.ipc->stagingBytes(), "(a one-shot AllReduce must fit the staging buffer)");
+  std::vector<const void*> srcs(static_cast<size_t>(L));
+  openDeviceCall(ctx, args);
+  exchange(
+      ctx, args, s, true, [&] { copyAsync(ctx.ipc->staging(me), args.in, bytes, s); },
+      [&] {
+        for (int l = 0; l < L; ++l) {
+          srcs[static_cast<size_t>(l)] = ctx.ipc->staging(l);
+        }
+        reduceAll(srcs.data(), static_cast<uint8_t*>(args.out), args.count);
+      });
+}
+
 void nodeBroadcast(DeviceContext& ctx, const OpArgs& args, cudaStream_t s) {
   const int me = ctx.topo.myLocalRank();
   const size_t b = args.count * args.elemSize();
