@@ -140,7 +140,7 @@ void CudaCommunicator::abort(const std::string& why) {
 std::string CudaCommunicator::asyncError() {
   if (sync_words_ != nullptr && !aborted_.load()) {
     const uint32_t error = reinterpret_cast<volatile SyncWords*>(sync_words_)->error;
-    if (error == 1) {
+    if (error == static_cast<uint32_t>(SyncEnd::kTimeout)) {
       return str("cuda:", ctx_->device, ": a node peer did not reach its step of the collective within the group's "
                  "timeout (device-side wait, SMDDP_CUDA_SYNC=device)");
     }

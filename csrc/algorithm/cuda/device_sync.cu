@@ -6,52 +6,50 @@ namespace smddp::algorithm::cuda {
 
 namespace {
 
-__device__ __forceinline__ uint64_t loadAcquire(const uint64_t* p) {
-  uint64_t v;
-  asm volatile("ld.acquire.sys.global.u64 %0, [%1];" : "=l"(v) : "l"(p) : "memory");
-  return v;
-}
-
-__device__ __forceinline__ void storeRelease(uint64_t* p, uint64_t v) {
-  asm volatile("st.release.sys.global.u64 [%0], %1;" ::"l"(p), "l"(v) : "memory");
-}
-
-__device__ __forceinline__ uint64_t now() {
-  uint64_t t;
-  asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
-  return t;
-}
+// What a step reads and writes, on the device; the host side of each member
+// is never called (the host model has its own Ops).
+struct DeviceOps {
+  SMDDP_SYNC_HD uint64_t loadAcquire(const uint64_t* p) {
+    uint64_t v = 0;
+#if defined(__CUDA_ARCH__)
+    asm volatile("ld.acquire.sys.global.u64 %0, [%1];" : "=l"(v) : "l"(p) : "memory");
+#endif
+    return v;
+  }
+  SMDDP_SYNC_HD void storeRelease(uint64_t* p, uint64_t v) {
+#if defined(__CUDA_ARCH__)
+    asm volatile("st.release.sys.global.u64 [%0], %1;" ::"l"(p), "l"(v) : "memory");
+#endif
+  }
+  SMDDP_SYNC_HD void fence() {
+#if defined(__CUDA_ARCH__)
+    __threadfence_system();
+#endif
+  }
+  SMDDP_SYNC_HD uint64_t now() {
+    uint64_t t = 0;
+#if defined(__CUDA_ARCH__)
+    asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
+#endif
+    return t;
+  }
+  SMDDP_SYNC_HD void pause(unsigned ns) {
+#if defined(__CUDA_ARCH__)
+    __nanosleep(ns);
+#endif
+  }
+  SMDDP_SYNC_HD uint32_t loadWord(const uint32_t* p) {
+    return *static_cast<const volatile uint32_t*>(p);
+  }
+  SMDDP_SYNC_HD void storeWord(uint32_t* p, uint32_t v) {
+    *static_cast<volatile uint32_t*>(p) = v;
+  }
+};
 
 __global__ void syncStep(SyncStep step) {
-  if (threadIdx.x != 0) {
-    return;
-  }
-  uint64_t c = *step.counter;
-  if (step.bump) {
-    c += 1;
-    *step.counter = c;
-  }
-  if (step.post != nullptr) {
-    // What this stream wrote before (the stage) is visible before the flag.
-    __threadfence_system();
-    storeRelease(step.post, c);
-  }
-  const uint64_t start = now();
-  unsigned pause = 32;
-  for (int i = 0; i < step.nwait; ++i) {
-    while (loadAcquire(step.wait[i]) < c) {
-      volatile SyncWords* w = step.words;
-      if (w->abort != 0) {
-        w->error = 2;
-        return;
-      }
-      if (now() - start > step.timeout_ns) {
-        w->error = 1;
-        return;
-      }
-      __nanosleep(pause);
-      pause = pause < 8192 ? pause * 2 : pause;
-    }
+  if (threadIdx.x == 0) {
+    DeviceOps ops;
+    runSyncStep(step, ops);
   }
 }
 

@@ -78,26 +78,6 @@ void openDeviceCall(DeviceContext& ctx, const OpArgs& args) {
 
 namespace {
 
-SyncStep syncStep(const DeviceContext& ctx) {
-  SyncStep st;
-  st.counter = ctx.sync_counter;
-  st.words = ctx.sync_words;
-  st.timeout_ns = ctx.sync_timeout_ns;
-  return st;
-}
-
-// A step that waits for `flag(l)` of every node peer l.
-template <typename Flag>
-SyncStep awaiting(const DeviceContext& ctx, Flag flag) {
-  SyncStep st = syncStep(ctx);
-  for (int l = 0; l < ctx.topo.localSize(); ++l) {
-    if (l != ctx.topo.myLocalRank()) {
-      st.wait[st.nwait++] = flag(l);
-    }
-  }
-  return st;
-}
-
 void exchangeOnDevice(
     DeviceContext& ctx,
     const OpArgs& args,
@@ -111,17 +91,22 @@ void exchangeOnDevice(
     ctx.node->round(args.deadline);
     protocol::verifyCall(*ctx.arena, args);
   }
-  // The peers have read this stage (their done >= the exchanges so far).
-  launchSyncStep(awaiting(ctx, [&](int l) { return ctx.ipc->doneFlag(l); }), s);
+  ExchangeFlags flags;
+  flags.counter = ctx.sync_counter;
+  flags.words = ctx.sync_words;
+  flags.timeout_ns = ctx.sync_timeout_ns;
+  flags.local_size = ctx.topo.localSize();
+  flags.me = me;
+  for (int l = 0; l < flags.local_size; ++l) {
+    flags.ready[l] = ctx.ipc->readyFlag(l);
+    flags.done[l] = ctx.ipc->doneFlag(l);
+  }
+  const ExchangeSteps steps = exchangeSteps(flags);
+  launchSyncStep(steps.before, s);
   fill();
-  SyncStep ready = awaiting(ctx, [&](int l) { return ctx.ipc->readyFlag(l); });
-  ready.bump = true;
-  ready.post = ctx.ipc->readyFlag(me);
-  launchSyncStep(ready, s);
+  launchSyncStep(steps.between, s);
   consume();
-  SyncStep done = syncStep(ctx);
-  done.post = ctx.ipc->doneFlag(me);
-  launchSyncStep(done, s);
+  launchSyncStep(steps.after, s);
 }
 
 } // namespace
