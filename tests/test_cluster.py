@@ -405,6 +405,7 @@ def test_the_benchmark_on_a_cluster_of_its_own(tmp_path) -> None:
     assert topo["rank_hosts"] == ["smddpb-h0", "smddpb-h1"], topo
     facts = topo["facts"]
     assert (facts["hosts"], facts["nics"], facts["rate_bytes_per_s"]) == (2, 1, 125_000_000), facts
+    assert facts["tcp"] and f"TCP {facts['tcp']}" in text, facts  # the hosts' congestion control, named
     assert [n["nic"] for n in facts["rank_nics"]] == ["nic0", "nic0"], facts
     (limit,) = facts["limits"]
     assert abs(limit["limit_us"] - limit_us) < 0.1 and limit["fraction"]["smddp"] > 0, limit

@@ -134,7 +134,7 @@ def facts_of(c: Any, hosts: int, per_host: int) -> dict[str, Any]:
     """What the benchmark records of the cluster (``topology.facts``)."""
     return {
         "cluster": c.name, "hosts": hosts, "ranks_per_host": per_host, "nics": c.nics,
-        "rate": c.rate, "rate_bytes_per_s": c.rate_bytes_per_s, "mtu": c.mtu,
+        "rate": c.rate, "rate_bytes_per_s": c.rate_bytes_per_s, "mtu": c.mtu, "tcp": c.tcp,
         "host_nics": [{"host": f"h{h}", "hostname": c.hostname(h),
                        "nics": [{"name": c.nic_name(k), "address": c.address(h, k)}
                                 for k in range(c.nics)]} for h in range(hosts)],

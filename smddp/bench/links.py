@@ -130,12 +130,13 @@ def _ratio(point: dict[str, dict], a: str, b: str) -> str:
 
 
 def describe_cluster(facts: dict[str, Any]) -> str:
-    """"2 hosts x 2 ranks, 2 NICs per host at 1gbit (125 MB/s) per direction, MTU 9000"."""
+    """"2 hosts x 2 ranks, 2 NICs per host at 1gbit (125 MB/s) per direction, MTU 9000, TCP cubic"."""
     rate = facts.get("rate")
     speed = (f"at {rate} ({facts['rate_bytes_per_s'] / 1e6:.0f} MB/s) per direction" if rate
              else "unshaped")  # fmt: skip
+    tcp = f", TCP {facts['tcp']}" if facts.get("tcp") else ""
     return (f"{facts['hosts']} hosts x {facts['ranks_per_host']} ranks, {facts['nics']} NICs per "
-            f"host {speed}, MTU {facts.get('mtu')}")  # fmt: skip
+            f"host {speed}, MTU {facts.get('mtu')}{tcp}")  # fmt: skip
 
 
 def rank_nics(facts: dict[str, Any]) -> str:
