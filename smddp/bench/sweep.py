@@ -170,8 +170,8 @@ class Sweep:
     bar: Any = None  # rank 0's progress bar, once the sweep has run for a while
 
     def __init__(self, s: Any, comm: TorchComm, groups: dict[str, Any], device: torch.device,
-                 topology: dict[str, Any], view: Any = views):  # fmt: skip
-        self.s, self.comm, self.groups, self.view = s, comm, groups, view
+                 topology: dict[str, Any], view: views.SweepView | None = None):  # fmt: skip
+        self.s, self.comm, self.groups, self.view = s, comm, groups, view or views.SweepView()
         self.rank, self.world = comm.rank, comm.world
         self.device, self.topology = device, topology
         self.sync = torch.cuda.synchronize if device.type == "cuda" else None
@@ -307,7 +307,7 @@ def run_rank(settings: Any, rank: int, world: int, init_method: str,
         comm = TorchComm(dist.group.WORLD)
         groups = {b: new_group(b, timeout) for b in s.backends}
         topo = detect_topology(world, comm.ctrl, s.launcher)
-        view: Any = views
+        view = views.SweepView()
         if s.launcher == "smddp-cluster":  # each rank's NIC; the links' limit in the tables
             from smddp.bench import cluster_run
 
