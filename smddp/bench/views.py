@@ -338,18 +338,23 @@ def model_markdown(rec: dict[str, Any]) -> tuple[str, str]:
     return model_table(rec["results"], markdown=True), caption
 
 
+def fit_table(fits: dict[str, dict], what: str, markdown: bool = False) -> str:
+    """The alpha-beta fits of a calibration, one row per transport."""
+    rows = [[f["label"], f["alpha_s"] * 1e6, (f["beta_bytes_per_s"] or math.inf) / 1e9, f["worst_error"] * 100]
+            for f in fits.values()]  # fmt: skip
+    cols = [Column(what, left=True), Column("alpha", "(us)", "{:.1f}"), Column("beta", "(GB/s)", "{:.3f}"),
+            Column("worst fit error", "(%)", "{:.0f}")]  # fmt: skip
+    return (table.markdown if markdown else table.text)(cols, rows)
+
+
 def calibration_tables(rec: dict[str, Any], markdown: bool = False) -> str:
     render = table.markdown if markdown else table.text
-    fits = [[f["label"], f["alpha_s"] * 1e6, (f["beta_bytes_per_s"] or math.inf) / 1e9, f["worst_error"] * 100]
-            for f in rec["fits"].values()]  # fmt: skip
-    fit_cols = [Column("transport", left=True), Column("alpha", "(us)", "{:.1f}"), Column("beta", "(GB/s)", "{:.3f}"),
-                Column("worst fit error", "(%)", "{:.0f}")]  # fmt: skip
     cols = [Column("op", left=True), Column("size", "(B)"), Column("measured", "(us)", "{:.1f}"),
             Column("smddp model", "(us)", "{:.1f}"), Column("error", "(%)", "{:+.0f}"),
             Column("flat ring model", "(us)", "{:.1f}")]  # fmt: skip
     rows = [[r["op"], format_size(r["size_bytes"]), r["measured_s"] * 1e6, r["model_smddp_s"] * 1e6,
              (r["model_smddp_s"] / r["measured_s"] - 1) * 100, r["model_ring_s"] * 1e6] for r in rec["results"]]
-    return render(fit_cols, fits) + "\n\n" + render(cols, rows)
+    return fit_table(rec["fits"], "transport", markdown) + "\n\n" + render(cols, rows)
 
 
 def calibration_markdown(rec: dict[str, Any]) -> tuple[str, str]:
