@@ -25,7 +25,6 @@ import argparse
 import math
 import os
 import sys
-import time
 from dataclasses import asdict
 from typing import Any
 
@@ -119,8 +118,6 @@ def markdown(rec: dict[str, Any]) -> tuple[str, str]:
 
 def main(ns: argparse.Namespace, parser: argparse.ArgumentParser, argv: list[str]) -> int:
     """``smddp-bench model --preset cluster``: the launching side, or one rank."""
-    from smddp.cluster import ClusterError
-
     ns.cluster = ns.cluster or "2x2"
     try:
         sizes = SIZES.parse(ns)
@@ -131,14 +128,8 @@ def main(ns: argparse.Namespace, parser: argparse.ArgumentParser, argv: list[str
         parser.error("--preset cluster: calibrating needs at least 2 hosts of 2 ranks (--cluster 2x2)")
     if launch.launched_externally():
         return _rank(ns, argv, sizes, ns.op)
-    say = lambda msg: print(f"# {msg}", file=sys.stderr, flush=True)  # noqa: E731
-    try:
-        c, made = cluster_run.obtain(ns, hosts, per_host, say)
-    except ClusterError as e:
-        print(f"smddp-bench model: {e}", file=sys.stderr)
-        return 2
-    try:
-        facts = cluster_run.facts_of(c, hosts, per_host)
+
+    def measure(c: Any, facts: dict[str, Any]) -> int:
         if not facts["rate_bytes_per_s"]:
             print("smddp-bench model: --preset cluster models shaped links; bring the cluster up with "
                   "a --rate", file=sys.stderr)  # fmt: skip
@@ -146,15 +137,10 @@ def main(ns: argparse.Namespace, parser: argparse.ArgumentParser, argv: list[str
         print(f"# smddp-bench model --preset cluster: calibration on the cluster, then smddp's flat ring "
               f"and hierarchical schedule measured beside the model, sizes "
               f"{', '.join(format_size(s) for s in sizes)}", flush=True)  # fmt: skip
-        print(cluster_run.header(facts), flush=True)
-        started = time.monotonic()
-        rank_argv = ["-m", "smddp.bench", "model", *argv]
-        code = cluster_run.run_hosts(c, hosts, per_host, rank_argv, cluster_run.rank_env(c, facts),
-                                     ns.timeout, "smddp-bench model")  # fmt: skip
-        print(f"# wall time: {time.monotonic() - started:.1f} s", flush=True)
-        return code
-    finally:
-        cluster_run.release(c, made, ns.keep_cluster, say)
+        return cluster_run.run_hosts(c, facts, ["-m", "smddp.bench", "model", *argv], ns.timeout,
+                                     "smddp-bench model")  # fmt: skip
+
+    return cluster_run.with_cluster(ns, hosts, per_host, "smddp-bench model", measure)
 
 
 def _rank(ns: argparse.Namespace, argv: list[str], sizes: list[int], ops: tuple[str, ...]) -> int:

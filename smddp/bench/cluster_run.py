@@ -91,6 +91,27 @@ def check_arguments(ns: argparse.Namespace, parser: argparse.ArgumentParser,
 # -- the cluster ----------------------------------------------------------------
 
 
+def with_cluster(ns: argparse.Namespace, hosts: int, per_host: int, what: str,
+                 body: Callable[[Any, dict[str, Any]], int]) -> int:  # fmt: skip
+    """``body(cluster, facts)`` on the cluster ``obtain`` gives; one that this
+    command brought up is removed after it (unless --keep-cluster). Returns
+    its exit status, or 2 when there is no such cluster."""
+    from smddp.cluster import ClusterError
+
+    say = lambda msg: print(f"# {msg}", file=sys.stderr, flush=True)  # noqa: E731
+    try:
+        c, made = obtain(ns, hosts, per_host, say)
+    except ClusterError as e:
+        print(f"{what}: {e}", file=sys.stderr)
+        return 2
+    try:
+        return body(c, facts_of(c, hosts, per_host))
+    finally:
+        if made and not ns.keep_cluster:
+            c.down()
+            say(f"cluster {c.name!r} removed (--keep-cluster leaves it up)")
+
+
 def obtain(ns: argparse.Namespace, hosts: int, per_host: int, say: Callable[[str], None]) -> tuple[Any, bool]:
     """The cluster to run on, and whether this command brought it up.
     ClusterError when it cannot be made, or one is up with other NICs or rate."""
@@ -124,12 +145,6 @@ def obtain(ns: argparse.Namespace, hosts: int, per_host: int, say: Callable[[str
     return c, True
 
 
-def release(c: Any, made: bool, keep: bool, say: Callable[[str], None]) -> None:
-    if made and not keep:
-        c.down()
-        say(f"cluster {c.name!r} removed (--keep-cluster leaves it up)")
-
-
 def facts_of(c: Any, hosts: int, per_host: int) -> dict[str, Any]:
     """What the benchmark records of the cluster (``topology.facts``)."""
     return {
@@ -141,14 +156,14 @@ def facts_of(c: Any, hosts: int, per_host: int) -> dict[str, Any]:
     }  # fmt: skip
 
 
-def header(facts: dict[str, Any]) -> str:
+def header(facts: dict[str, Any], rule: bool = True) -> str:
+    """The cluster, each host's NICs and (``rule``) how the links' limit is defined."""
     lines = [f"# cluster {facts['cluster']!r} (smddp-cluster): {links.describe_cluster(facts)}; "
              "one torchrun per host"]  # fmt: skip
     for h in facts["host_nics"]:
         nics = ", ".join(f"{n['name']} {n['address']}" for n in h["nics"])
         lines.append(f"#   {h['host']} (hostname {h['hostname']}): {nics}")
-    lines.append(f"# {links.RULE}")
-    return "\n".join(lines)
+    return "\n".join(lines + [f"# {links.RULE}"] * rule)
 
 
 def rank_env(c: Any, facts: dict[str, Any]) -> dict[str, str]:
@@ -199,14 +214,16 @@ class _Follow(threading.Thread):
         self.join(timeout=10)
 
 
-def run_hosts(c: Any, hosts: int, per_host: int, argv: list[str], env: dict[str, str],
-              timeout: float, what: str) -> int:  # fmt: skip
-    """``python ARGV`` under one torchrun per host; host 0's output goes to
-    stdout as it comes, a failed host's log to stderr. The run's exit status."""
+def run_hosts(c: Any, facts: dict[str, Any], argv: list[str], timeout: float, what: str) -> int:
+    """The cluster's header, then ``python ARGV`` under one torchrun per host,
+    every rank in ``rank_env``; host 0's output goes to stdout as it comes, a
+    failed host's log to stderr, the wall time last. The run's exit status."""
     import tempfile
 
-    logs = tempfile.mkdtemp(prefix="smddp-bench-cluster-")
-    port = launch.free_port()
+    print(header(facts), flush=True)
+    hosts, per_host, env = facts["hosts"], facts["ranks_per_host"], rank_env(c, facts)
+    logs, port = tempfile.mkdtemp(prefix="smddp-bench-cluster-"), launch.free_port()
+    started = time.monotonic()
     paths = [os.path.join(logs, f"h{h}.log") for h in range(hosts)]
     follow = _Follow(paths[0], sys.stdout)
     follow.start()
@@ -228,50 +245,32 @@ def run_hosts(c: Any, hosts: int, per_host: int, argv: list[str], env: dict[str,
         for path in paths:
             os.unlink(path)
         os.rmdir(logs)
+    print(f"# wall time: {time.monotonic() - started:.1f} s", flush=True)
     return code
 
 
-def run(ns: argparse.Namespace, parser: argparse.ArgumentParser, argv: list[str]) -> int:
-    """``smddp-bench --cluster ...``: the launching side, or (under the
-    cluster's torchrun) one rank of the sweep."""
+def run(ns: argparse.Namespace, parser: argparse.ArgumentParser, argv: list[str], hosts: int,
+        per_host: int) -> int:  # fmt: skip
+    """``smddp-bench --cluster HxR``: the launching side."""
     from smddp.bench import cli
-    from smddp.cluster import ClusterError
 
-    hosts, per_host = check_arguments(ns, parser)
-    if launch.launched_externally():
-        return _sweep_rank(ns, parser, argv)
     settings, world, _ = cli.resolve(ns, parser, argv, hosts * per_host)
-    say = lambda msg: print(f"# {msg}", file=sys.stderr, flush=True)  # noqa: E731
-    try:
-        c, made = obtain(ns, hosts, per_host, say)
-    except ClusterError as e:
-        print(f"smddp-bench: {e}", file=sys.stderr)
-        return 2
-    try:
-        facts = facts_of(c, hosts, per_host)
+
+    def sweep(c: Any, facts: dict[str, Any]) -> int:
         print(cli.describe(settings, world, None), flush=True)
-        print(header(facts), flush=True)
-        started = time.monotonic()
         rank_argv = ["-m", "smddp.bench", *argv, *([] if "--no-progress" in argv else ["--no-progress"])]
-        code = run_hosts(c, hosts, per_host, rank_argv, rank_env(c, facts), ns.timeout, "smddp-bench")
-        print(f"# wall time: {time.monotonic() - started:.1f} s", flush=True)
-        return code
-    finally:
-        release(c, made, ns.keep_cluster, say)
+        return run_hosts(c, facts, rank_argv, ns.timeout, "smddp-bench")
+
+    return with_cluster(ns, hosts, per_host, "smddp-bench", sweep)
 
 
-def _sweep_rank(ns: argparse.Namespace, parser: argparse.ArgumentParser, argv: list[str]) -> int:
-    from smddp.bench import cli, sweep
-
-    world = int(os.environ["WORLD_SIZE"])
-    settings, world, _ = cli.resolve(ns, parser, argv, world)
+def as_rank(settings: argparse.Namespace, parser: argparse.ArgumentParser) -> None:
+    """The settings of one rank of a sweep under the cluster's torchrun."""
     facts = json.loads(os.environ.get(CLUSTER_ENV) or "{}")
     if not facts:
         parser.error(f"--cluster under a launcher: {CLUSTER_ENV} is not set; start it without "
                      "torchrun, smddp-bench starts one per host")  # fmt: skip
     settings.launcher, settings.facts, settings.no_progress = LAUNCHER, facts, True
-    return sweep.run_rank(settings, int(os.environ["RANK"]), world, "env://",
-                          int(os.environ.get("LOCAL_RANK", "0")))  # fmt: skip
 
 
 def on_cluster(s: Any, groups: dict[str, Any], comm: Any) -> links.LinksView:
@@ -370,10 +369,7 @@ SPAWN_ENV = {"OPENBLAS_NUM_THREADS": "1"}
 
 def step_shape(s: argparse.Namespace, parser: argparse.ArgumentParser) -> None:
     """``smddp-bench step --cluster HxR``: H x R ranks; hsdp replicates over hosts."""
-    try:
-        hosts, per_host = parse_shape(s.cluster)
-    except ValueError as e:
-        parser.error(str(e))
+    hosts, per_host = check_arguments(s, parser, sweep=False)
     if s.ranks_per_node:
         parser.error("--ranks-per-node emulates nodes on one host; with --cluster every host is a node")
     s.world = hosts * per_host
@@ -383,28 +379,20 @@ def step_shape(s: argparse.Namespace, parser: argparse.ArgumentParser) -> None:
 def step(s: argparse.Namespace, measure: Callable[[argparse.Namespace], int]) -> int:
     """``measure(s)`` with every rank spawned into its host of the cluster
     (``s.hosts``, the layout; ``s.cluster_facts``, for the record)."""
-    from smddp.cluster import ClusterError
-
     hosts, per_host = parse_shape(s.cluster)
-    say = lambda msg: print(f"# {msg}", file=sys.stderr, flush=True)  # noqa: E731
-    try:
-        c, made = obtain(s, hosts, per_host, say)
-    except ClusterError as e:
-        print(f"smddp-bench step: {e}", file=sys.stderr)
-        return 2
-    try:
-        facts = facts_of(c, hosts, per_host)
+
+    def run(c: Any, facts: dict[str, Any]) -> int:
         facts["rank_nics"] = [
             {"rank": r, "host": f"h{r // per_host}", **_nic_of(facts, r // per_host, r % per_host)}
             for r in range(hosts * per_host)
         ]  # fmt: skip
-        print(header(facts).split("\n# limit")[0], flush=True)
+        print(header(facts, rule=False), flush=True)
         print(f"# each rank's NIC (as SMDDP_SOCKET_IFNAME and LOCAL_RANK choose it): {links.rank_nics(facts)}",
               flush=True)  # fmt: skip
         s.hosts, s.cluster_facts = layout(c, hosts, per_host, facts), facts
         return measure(s)
-    finally:
-        release(c, made, s.keep_cluster, say)
+
+    return with_cluster(s, hosts, per_host, "smddp-bench step", run)
 
 
 def _nic_of(facts: dict[str, Any], host: int, local: int) -> dict[str, str]:
