@@ -116,13 +116,9 @@ def markdown(rec: dict[str, Any]) -> tuple[str, str]:
 # -- the command ---------------------------------------------------------------
 
 
-def main(ns: argparse.Namespace, parser: argparse.ArgumentParser, argv: list[str]) -> int:
+def main(ns: argparse.Namespace, parser: argparse.ArgumentParser, argv: list[str], sizes: list[int]) -> int:
     """``smddp-bench model --preset cluster``: the launching side, or one rank."""
     ns.cluster = ns.cluster or "2x2"
-    try:
-        sizes = SIZES.parse(ns)
-    except ValueError as e:
-        parser.error(str(e))
     hosts, per_host = cluster_run.check_arguments(ns, parser, sweep=False)
     if hosts < 2 or per_host < 2:
         parser.error("--preset cluster: calibrating needs at least 2 hosts of 2 ranks (--cluster 2x2)")
