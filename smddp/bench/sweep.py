@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import contextlib
 import datetime
+import itertools
 import math
 import os
 import socket
@@ -208,37 +209,33 @@ class Sweep:
         tqdm = _tqdm() if self.rank == 0 and not s.no_progress else None
         results: list[dict[str, Any]] = []
         try:
-            for op in s.ops:
-                for dtype in s.dtypes:
-                    redop = s.redop if _ops.OPS[op].reduces else "none"
-                    self.print(self.view.sweep_header(op, dtype, redop, s.backends,
-                                                      self.topology["label"], self.device.type,
-                                                      s.inplace))  # fmt: skip
-                    skip: dict[str, str] = {}
-                    table: list[dict[str, Any]] = []
-                    for nbytes in s.sizes:
-                        # Created late, so that short sweeps never show a bar.
-                        if self.bar is None and tqdm is not None and time.monotonic() - started > 2:
-                            # tqdm's default lock is a multiprocessing semaphore, which a
-                            # rank that leaves with os._exit would leak.
-                            tqdm.set_lock(threading.RLock())
-                            self.bar = tqdm(total=total, initial=done, file=sys.stderr,
-                                            unit="point", leave=False, dynamic_ncols=True,
-                                            disable=None)  # fmt: skip
-                        if self.bar is not None:
-                            self.bar.set_description(f"{op} {dtype} {format_size(nbytes)}", False)
-                        recs = self.measure(op, dtype, nbytes, skip)
-                        if recs:
-                            table += recs
-                            self.print(self.view.sweep_row(recs, s.backends))
-                        elif recs is None:
-                            self.print(f"# {nbytes} B: less than one {dtype} element per rank, "
-                                       "skipped")  # fmt: skip
-                        done += 1
-                        if self.bar is not None:
-                            self.bar.update(1)
-                    self.print(self.view.sweep_footer(table, s.backends))
-                    results += table
+            for op, dtype in itertools.product(s.ops, s.dtypes):
+                redop = s.redop if _ops.OPS[op].reduces else "none"
+                self.print(self.view.sweep_header(op, dtype, redop, s.backends, self.topology["label"],
+                                                  self.device.type, s.inplace))  # fmt: skip
+                skip: dict[str, str] = {}
+                table: list[dict[str, Any]] = []
+                for nbytes in s.sizes:
+                    # Created late, so that short sweeps never show a bar.
+                    if self.bar is None and tqdm is not None and time.monotonic() - started > 2:
+                        # tqdm's default lock is a multiprocessing semaphore, which a
+                        # rank that leaves with os._exit would leak.
+                        tqdm.set_lock(threading.RLock())
+                        self.bar = tqdm(total=total, initial=done, file=sys.stderr, unit="point", leave=False,
+                                        dynamic_ncols=True, disable=None)  # fmt: skip
+                    if self.bar is not None:
+                        self.bar.set_description(f"{op} {dtype} {format_size(nbytes)}", False)
+                    recs = self.measure(op, dtype, nbytes, skip)
+                    if recs:
+                        table += recs
+                        self.print(self.view.sweep_row(recs, s.backends))
+                    elif recs is None:
+                        self.print(f"# {nbytes} B: less than one {dtype} element per rank, skipped")
+                    done += 1
+                    if self.bar is not None:
+                        self.bar.update(1)
+                self.print(self.view.sweep_footer(table, s.backends))
+                results += table
         finally:
             if self.bar is not None:
                 self.bar.close()
