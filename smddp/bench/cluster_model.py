@@ -65,10 +65,8 @@ def rows(rec: dict[str, Any]) -> list[dict[str, Any]]:
     out = []
     for r in rec["results"]:
         e = _model.estimate(r["op"], r["size_bytes"], facts["hosts"], m)
-        limit = links.limit_s(r["op"], r["size_bytes"], facts["hosts"], facts["nics"],
-                              facts["rate_bytes_per_s"])  # fmt: skip
         model = {"ring": e.ring_s, "hierarchical": e.hier_s}
-        out.append({**r, "limit_s": limit, "model_s": model,
+        out.append({**r, "limit_s": links.point_limit_s(facts, r), "model_s": model,
                     "error": {k: (model[k] - r["measured_s"][k]) / r["measured_s"][k]
                               for k in SCHEDULES if r["measured_s"].get(k)}})  # fmt: skip
     return out

@@ -72,10 +72,6 @@ def fraction(limit: float | None, rec: dict[str, Any] | None) -> float | None:
     return limit / (rec["time_us"] * 1e-6)
 
 
-def _pct(x: float | None) -> str:
-    return "n/a" if x is None else f"{x:.0%}"
-
-
 class SweepView:
     """The sweep's text tables, printed as it measures (smddp.bench.sweep calls
     ``sweep_header``, ``sweep_row`` and ``sweep_footer``). A view that is
@@ -104,7 +100,7 @@ class SweepView:
         values: list[Any] = [first["size_bytes"], first["count"], first["dtype"], first["redop"]]
         values += [None if limit is None else limit * 1e6] if self.limited else []
         for r in (point.get(b) for b in backends):
-            cells = ([r["time_us"], r["algbw_gbs"], r["busbw_gbs"], _pct(fraction(limit, r)), r["wrong"]]
+            cells = ([r["time_us"], r["algbw_gbs"], r["busbw_gbs"], _num(fraction(limit, r), "{:.0%}"), r["wrong"]]
                      if measured(r) else ["n/a", "", "", "", ""])  # fmt: skip
             values += cells if self.limited else cells[:3] + cells[4:]
         values += [_num(ratio(point, a, b), "{:.2f}") for a, b in rivals(backends)]
@@ -190,7 +186,7 @@ def sweep_table(rec: dict[str, Any], limit_s: Callable[[dict], float | None] | N
         row: list[Any] = [OPS[first["op"]].title, first["dtype"], format_size(first["size_bytes"])]
         row += ["n/a" if limit is None else limit * 1e6] if limited else []
         for r in (point.get(b) for b in backends):
-            cells = [r["time_us"], r["busbw_gbs"], _pct(fraction(limit, r))] if measured(r) else ["n/a"] * 3
+            cells = [r["time_us"], r["busbw_gbs"], _num(fraction(limit, r), "{:.0%}")] if measured(r) else ["n/a"] * 3
             row += cells if limited else cells[:2]
         rows.append(row + [_num(ratio(point, a, b), "{:.2f}") for a, b in pairs])
     return table.markdown(cols, rows, groups)
