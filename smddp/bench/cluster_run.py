@@ -184,34 +184,24 @@ def rank_env(c: Any, facts: dict[str, Any]) -> dict[str, str]:
 # -- one torchrun per host ------------------------------------------------------
 
 
-class _Follow(threading.Thread):
-    """Copies the lines a log gains to ``out`` until stopped (the command's
-    own first line, ``$ ...``, is left out)."""
-
-    def __init__(self, path: str, out: IO[str]):
-        super().__init__(name="follow-h0", daemon=True)
-        self.path, self.out, self.done = path, out, threading.Event()
-
-    def run(self) -> None:
-        while not os.path.exists(self.path) and not self.done.wait(0.05):
-            pass
-        with open(self.path, errors="replace") as f:
-            first = True
-            while True:
-                line = f.readline()
-                if line:
-                    if not (first and line.startswith("$ ")):
-                        self.out.write(line)
-                        self.out.flush()
-                    first = False
-                    continue
-                if self.done.is_set():
-                    return
+def _follow(path: str, out: IO[str], done: threading.Event) -> None:
+    """Copies the lines the log ``path`` gains to ``out`` until ``done`` is set
+    (the command's own first line, ``$ ...``, is left out)."""
+    while not os.path.exists(path) and not done.wait(0.05):
+        pass
+    with open(path, errors="replace") as f:
+        first = True
+        while True:
+            line = f.readline()
+            if line:
+                if not (first and line.startswith("$ ")):
+                    out.write(line)
+                    out.flush()
+                first = False
+            elif done.is_set():
+                return
+            else:
                 time.sleep(0.05)
-
-    def stop(self) -> None:
-        self.done.set()
-        self.join(timeout=10)
 
 
 def run_hosts(c: Any, facts: dict[str, Any], argv: list[str], timeout: float, what: str) -> int:
@@ -225,7 +215,8 @@ def run_hosts(c: Any, facts: dict[str, Any], argv: list[str], timeout: float, wh
     logs, port = tempfile.mkdtemp(prefix="smddp-bench-cluster-"), launch.free_port()
     started = time.monotonic()
     paths = [os.path.join(logs, f"h{h}.log") for h in range(hosts)]
-    follow = _Follow(paths[0], sys.stdout)
+    done = threading.Event()
+    follow = threading.Thread(target=_follow, args=(paths[0], sys.stdout, done), name="follow-h0", daemon=True)
     follow.start()
     try:
         with launch.Ranks(what) as ranks:
@@ -234,7 +225,8 @@ def run_hosts(c: Any, facts: dict[str, Any], argv: list[str], timeout: float, wh
                 ranks.command(cmd, env, paths[h], f"h{h} (torchrun)")
             code = ranks.wait(timeout)
     finally:
-        follow.stop()
+        done.set()
+        follow.join(timeout=10)
     if code != 0:
         for h, path in enumerate(paths[1:], start=1):
             with open(path, errors="replace") as f:
@@ -331,11 +323,23 @@ def host_paths(c: Any, host: int) -> dict[str, str]:
 
 @dataclasses.dataclass(frozen=True)
 class HostLayout:
-    """Where each spawned rank runs: rank r on host r // per_host."""
+    """Where each spawned rank runs: rank r on host r // per_host. With an
+    ``entry`` (``in_hosts``), the entry point for ``launch.Ranks.spawn`` that
+    runs it there."""
 
     per_host: int
     paths: tuple[dict[str, str], ...]  # per host
     env: dict[str, str]  # added to every rank's environment
+    entry: Callable[..., int] | None = None
+
+    def __call__(self, *args: Any, rank: int, world: int, init_method: str, local_rank: int,
+                 **kw: Any) -> int:  # pragma: no cover - a child  # fmt: skip
+        enter_host(self.paths[rank // self.per_host])
+        local = rank % self.per_host
+        os.environ.update(self.env)
+        os.environ.update(LOCAL_RANK=str(local), LOCAL_WORLD_SIZE=str(self.per_host),
+                          GROUP_RANK=str(rank // self.per_host))  # fmt: skip
+        return self.entry(*args, rank=rank, world=world, init_method=init_method, local_rank=local, **kw)
 
 
 def layout(c: Any, hosts: int, per_host: int, facts: dict[str, Any]) -> HostLayout:
@@ -343,21 +347,9 @@ def layout(c: Any, hosts: int, per_host: int, facts: dict[str, Any]) -> HostLayo
     return HostLayout(per_host, tuple(host_paths(c, h) for h in range(hosts)), env)
 
 
-def _in_host(where: HostLayout, entry: Callable[..., int], *args: Any, rank: int, world: int,
-             init_method: str, local_rank: int, **kw: Any) -> int:  # pragma: no cover - a child  # fmt: skip
-    enter_host(where.paths[rank // where.per_host])
-    local = rank % where.per_host
-    os.environ.update(where.env)
-    os.environ.update(LOCAL_RANK=str(local), LOCAL_WORLD_SIZE=str(where.per_host),
-                      GROUP_RANK=str(rank // where.per_host))  # fmt: skip
-    return entry(*args, rank=rank, world=world, init_method=init_method, local_rank=local, **kw)
-
-
-def in_hosts(entry: Callable[..., int], where: HostLayout) -> Callable[..., int]:
+def in_hosts(entry: Callable[..., int], where: HostLayout) -> HostLayout:
     """``entry`` for ``launch.Ranks.spawn``, run inside the rank's host."""
-    import functools
-
-    return functools.partial(_in_host, where, entry)
+    return dataclasses.replace(where, entry=entry)
 
 
 # Spawned ranks enter their host first thing, single-threaded: numpy's
