@@ -316,11 +316,8 @@ def run_rank(settings: Any, rank: int, world: int, init_method: str,
         if rank == 0:
             rec["machine"].update(device=device.type, gpus=[torch.cuda.get_device_name(i) for i in
                                   range(torch.cuda.device_count())] if s.device == "cuda" else [])
-            rec["config"] = record.smddp_config()
-            rec["topology"] = topo
-            rec["elapsed_s"] = round(time.monotonic() - started, 1)
-            rec["results"] = results
-            rec["summary"] = views.sweep_summary(results, s.backends)
+            rec.update(config=record.smddp_config(), topology=topo, elapsed_s=round(time.monotonic() - started, 1),
+                       results=results, summary=views.sweep_summary(results, s.backends))  # fmt: skip
             status = launch.EXIT_WRONG if rec["summary"]["wrong"] else 0
             sweep.print(views.run_footer(rec))
             if s.json:
