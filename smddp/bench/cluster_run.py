@@ -163,7 +163,7 @@ def header(facts: dict[str, Any], rule: bool = True) -> str:
     for h in facts["host_nics"]:
         nics = ", ".join(f"{n['name']} {n['address']}" for n in h["nics"])
         lines.append(f"#   {h['host']} (hostname {h['hostname']}): {nics}")
-    return "\n".join(lines + [f"# {links.RULE}"] * rule)
+    return "\n".join(lines + ([f"# {links.RULE}"] if rule else []))
 
 
 def rank_env(c: Any, facts: dict[str, Any]) -> dict[str, str]:

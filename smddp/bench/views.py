@@ -102,7 +102,7 @@ class SweepView:
         for r in (point.get(b) for b in backends):
             cells = ([r["time_us"], r["algbw_gbs"], r["busbw_gbs"], _num(fraction(limit, r), "{:.0%}"), r["wrong"]]
                      if measured(r) else ["n/a", "", "", "", ""])  # fmt: skip
-            values += cells if self.limited else cells[:3] + cells[4:]
+            values += cells if self.limited else cells[:3] + cells[4:]  # no %limit cell
         values += [_num(ratio(point, a, b), "{:.2f}") for a, b in rivals(backends)]
         cols, groups = self.columns(backends)
         return table.row(cols, values, groups)
@@ -187,7 +187,7 @@ def sweep_table(rec: dict[str, Any], limit_s: Callable[[dict], float | None] | N
         row += ["n/a" if limit is None else limit * 1e6] if limited else []
         for r in (point.get(b) for b in backends):
             cells = [r["time_us"], r["busbw_gbs"], _num(fraction(limit, r), "{:.0%}")] if measured(r) else ["n/a"] * 3
-            row += cells if limited else cells[:2]
+            row += cells if limited else cells[:2]  # no "of limit" cell
         rows.append(row + [_num(ratio(point, a, b), "{:.2f}") for a, b in pairs])
     return table.markdown(cols, rows, groups)
 
