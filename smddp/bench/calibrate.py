@@ -19,12 +19,12 @@ import os
 import statistics
 from dataclasses import asdict, dataclass
 from types import SimpleNamespace
-from typing import Any
+from typing import Any, Sequence
 
 from smddp.bench import launch, record, timing, views
 from smddp.bench import model as _model
 from smddp.bench import ops as _ops
-from smddp.bench.units import format_size, parse_size, parse_size_list
+from smddp.bench.units import format_size, parse_size
 
 
 @dataclass
@@ -59,56 +59,75 @@ def main(ns: argparse.Namespace, argv: list[str]) -> int:
         return ranks.wait(ns.timeout)
 
 
+# A rank outside the pair being measured: it only joins the barriers and the exchange of timings.
+IDLE = SimpleNamespace(run=lambda: None, restore=lambda: None, poison=lambda: None, wrong=lambda: 0)
+
+
+def medians(comm: Any, how: timing.Timing, op: str, size: int, groups: dict[str, Any],
+            members: list[int]) -> tuple[int, dict[str, float]]:  # fmt: skip
+    """(size, median seconds of each group) of one point, the groups
+    interleaved; the ranks outside ``members`` idle."""
+    from smddp.bench.sweep import Buffers
+
+    n, geom, cases = len(members), _ops.geometry(op, size, 4, len(members)), {}
+    for k, group in groups.items():
+        buf = Buffers(op, "float32", geom, "sum", 0, members.index(comm.rank), n) if comm.rank in members else None
+        cases[k] = buf.case(buf.call(group)) if buf else IDLE
+    res = timing.measure(cases, comm, how)
+    for k, r in res.items():
+        if r.status == "error" or r.wrong:
+            raise RuntimeError(f"{k} {op} {format_size(size)}: {r.error or 'wrong results'}")
+    return geom.size, {k: statistics.median(r.samples) for k, r in res.items()}
+
+
+def fit(samples: list[tuple[int, float]]) -> dict[str, Any]:
+    """alpha and beta of one transport from (nccl-tests size, seconds) of a
+    two-rank AllGather, which moves size/2 bytes in its one step."""
+    steps = [(size / 2, t) for size, t in samples]
+    alpha, beta = _model.fit_alpha_beta([b for b, _ in steps], [t for _, t in steps])
+    worst = max(abs(alpha + b / beta - t) / t for b, t in steps)
+    return {"alpha_s": alpha, "beta_bytes_per_s": beta if math.isfinite(beta) else None,
+            "worst_error": worst, "samples": [{"step_bytes": b, "seconds": t} for b, t in steps]}  # fmt: skip
+
+
+def pair_fits(comm: Any, how: timing.Timing, sizes: Sequence[int], pairs: dict[str, list[int]],
+              groups: dict[str, Any], labels: dict[str, str]) -> dict[str, dict[str, Any]]:  # fmt: skip
+    """The fit of each transport, from AllGathers between its pair of ranks
+    (``pairs``: name -> the two ranks, ``groups``: name -> their group)."""
+    fits = {}
+    for k, members in pairs.items():
+        points = [medians(comm, how, "all_gather", max(8, size), {k: groups[k]}, members) for size in sizes]
+        fits[k] = {"label": labels[k], **fit([(n, t[k]) for n, t in points])}
+    return fits
+
+
 def run_rank(s: CalibrationSettings, rank: int, world: int, init_method: str, local_rank: int) -> int:
     import torch.distributed as dist
 
-    from smddp.bench.sweep import Buffers, TorchComm, process_group
+    from smddp.bench.sweep import TorchComm, process_group
 
     load_start = record.load_average()
     with process_group(rank, world, init_method, s.pg_timeout) as timeout:
         rpn = int(os.environ["SMDDP_RANKS_PER_NODE"])
         pairs = {"shm": [0, 1], "socket": [0, rpn]}
         groups = {n: dist.new_group(r, backend="smddp", timeout=timeout) for n, r in pairs.items()}
-        whole = dist.new_group(backend="smddp", timeout=timeout)
+        whole = {"smddp": dist.new_group(backend="smddp", timeout=timeout)}
         comm = TorchComm(dist.group.WORLD)
-        idle = SimpleNamespace(run=lambda: None, restore=lambda: None, poison=lambda: None, wrong=lambda: 0)
-
-        def median(op: str, size: int, group: Any, members: list[int]) -> tuple[int, float]:
-            """(size, median seconds) of one point; ranks outside ``members`` idle."""
-            n = len(members)
-            geom = _ops.geometry(op, size, 4, n)
-            case = idle
-            if rank in members:
-                buf = Buffers(op, "float32", geom, "sum", 0, members.index(rank), n)
-                case = buf.case(buf.call(group))
-            res = timing.measure({"smddp": case}, comm, s.timing)["smddp"]
-            if res.status == "error" or res.wrong:
-                raise RuntimeError(f"{op} {format_size(size)}: {res.error or 'wrong results'}")
-            return geom.size, statistics.median(res.samples)
-
-        pair = {name: [median("all_gather", max(8, size), groups[name], members)
-                       for size in s.sizes] for name, members in pairs.items()}  # fmt: skip
-        measured = [(op, *median(op, size, whole, list(range(world)))) for op in _model.MODEL_OPS
-                    for size in s.sizes if size >= 4 * world]  # fmt: skip
+        labels = {"shm": "shared memory (ranks 0 and 1, one node)", "socket": f"sockets (ranks 0 and {rpn}, two nodes)"}
+        fits = pair_fits(comm, s.timing, s.sizes, pairs, groups, labels)
+        measured = []
+        for op in _model.MODEL_OPS:
+            for size in (x for x in s.sizes if x >= 4 * world):
+                nbytes, t = medians(comm, s.timing, op, size, whole, list(range(world)))
+                measured.append((op, nbytes, t["smddp"]))
         if rank == 0:
-            _report(s, world, rpn, pair, measured, load_start)
+            _report(s, world, rpn, fits, measured, load_start)
         dist.barrier()
         return 0
 
 
-def _report(s: CalibrationSettings, world: int, rpn: int, pair: dict[str, list],
+def _report(s: CalibrationSettings, world: int, rpn: int, fits: dict[str, dict],
             measured: list[tuple[str, int, float]], load_start: Any) -> None:  # fmt: skip
-    labels = {"shm": "shared memory (ranks 0 and 1, one node)", "socket": f"sockets (ranks 0 and {rpn}, two nodes)"}
-    fits = {}
-    for name, samples in pair.items():
-        # An AllGather of two ranks moves size/2 bytes in its one step.
-        steps = [(size / 2, t) for size, t in samples]
-        alpha, beta = _model.fit_alpha_beta([b for b, _ in steps], [t for _, t in steps])
-        worst = max(abs(alpha + b / beta - t) / t for b, t in steps)
-        fits[name] = {"label": labels[name], "alpha_s": alpha,
-                      "beta_bytes_per_s": beta if math.isfinite(beta) else None,
-                      "worst_error": worst, "samples": [{"step_bytes": b, "seconds": t}
-                                                         for b, t in steps]}  # fmt: skip
     gbs = {k: (f["beta_bytes_per_s"] or 1e15) / 1e9 for k, f in fits.items()}
     machine = _model.Machine(
         name="this host, calibrated (a rank stands for a GPU)", gpus_per_node=rpn,

@@ -178,11 +178,14 @@ def run(argv: list[str]) -> int:
     """The benchmark sweep (the default command)."""
     parser = build_parser()
     ns = parser.parse_args(argv)
-    if ns.cluster:
-        return cluster_run.run(ns, parser, argv)
+    shape = cluster_run.check_arguments(ns, parser) if ns.cluster else None
+    if shape and not launch.launched_externally():
+        return cluster_run.run(ns, parser, argv, *shape)
     if launch.launched_externally():
         settings, world, rpn = resolve(ns, parser, argv, int(os.environ["WORLD_SIZE"]))
-        if not os.environ.get("MASTER_ADDR") or not os.environ.get("MASTER_PORT"):
+        if shape:  # one rank of the cluster's torchrun
+            cluster_run.as_rank(settings, parser)
+        elif not os.environ.get("MASTER_ADDR") or not os.environ.get("MASTER_PORT"):
             parser.error("RANK and WORLD_SIZE are set but MASTER_ADDR/MASTER_PORT are not: "
                          "start smddp-bench with torchrun, or unset RANK to let it spawn its ranks")
         if rpn is not None:

@@ -22,17 +22,13 @@ one torchrun per host, every rank running this same command.
 from __future__ import annotations
 
 import argparse
-import datetime
 import math
 import os
-import statistics
 import sys
-import time
 from dataclasses import asdict
-from types import SimpleNamespace
 from typing import Any
 
-from smddp.bench import cluster_run, launch, links, record, table, timing
+from smddp.bench import cluster_run, launch, links, record, table, timing, views
 from smddp.bench import model as _model
 from smddp.bench import ops as _ops
 from smddp.bench.table import Column
@@ -62,16 +58,6 @@ def machine(facts: dict[str, Any], fits: dict[str, dict], chunk_bytes: int) -> _
     )  # fmt: skip
 
 
-def fit(samples: list[tuple[int, float]]) -> dict[str, Any]:
-    """alpha and beta of one transport from (nccl-tests size, seconds) of a
-    two-rank AllGather (one step of size/2 bytes)."""
-    steps = [(size / 2, t) for size, t in samples]
-    alpha, beta = _model.fit_alpha_beta([b for b, _ in steps], [t for _, t in steps])
-    worst = max(abs(alpha + b / beta - t) / t for b, t in steps)
-    return {"alpha_s": alpha, "beta_bytes_per_s": beta if math.isfinite(beta) else None,
-            "worst_error": worst, "samples": [{"step_bytes": b, "seconds": t} for b, t in steps]}  # fmt: skip
-
-
 def rows(rec: dict[str, Any]) -> list[dict[str, Any]]:
     """Each measured point with the model's times and the links' limit."""
     m = _model.Machine(**rec["constants"])
@@ -79,10 +65,8 @@ def rows(rec: dict[str, Any]) -> list[dict[str, Any]]:
     out = []
     for r in rec["results"]:
         e = _model.estimate(r["op"], r["size_bytes"], facts["hosts"], m)
-        limit = links.limit_s(r["op"], r["size_bytes"], facts["hosts"], facts["nics"],
-                              facts["rate_bytes_per_s"])  # fmt: skip
         model = {"ring": e.ring_s, "hierarchical": e.hier_s}
-        out.append({**r, "limit_s": limit, "model_s": model,
+        out.append({**r, "limit_s": links.point_limit_s(facts, r), "model_s": model,
                     "error": {k: (model[k] - r["measured_s"][k]) / r["measured_s"][k]
                               for k in SCHEDULES if r["measured_s"].get(k)}})  # fmt: skip
     return out
@@ -109,11 +93,8 @@ def _values(r: dict[str, Any]) -> list[Any]:
 
 def text(rec: dict[str, Any]) -> str:
     cols, groups = _cols()
-    fits = [[f["label"], f["alpha_s"] * 1e6, (f["beta_bytes_per_s"] or math.inf) / 1e9,
-             f["worst_error"] * 100] for f in rec["fits"].values()]  # fmt: skip
-    fit_cols = [Column("calibration", left=True), Column("alpha", "(us)", "{:.1f}"),
-                Column("beta", "(GB/s)", "{:.3f}"), Column("worst fit error", "(%)", "{:.0f}")]
-    return (table.text(fit_cols, fits) + "\n#\n" + table.text(cols, [_values(r) for r in rows(rec)], groups)
+    return (views.fit_table(rec["fits"], "calibration") + "\n#\n"
+            + table.text(cols, [_values(r) for r in rows(rec)], groups)
             + "\n# error = (model - measured) / measured; " + links.RULE)  # fmt: skip
 
 
@@ -133,28 +114,16 @@ def markdown(rec: dict[str, Any]) -> tuple[str, str]:
 # -- the command ---------------------------------------------------------------
 
 
-def main(ns: argparse.Namespace, parser: argparse.ArgumentParser, argv: list[str]) -> int:
+def main(ns: argparse.Namespace, parser: argparse.ArgumentParser, argv: list[str], sizes: list[int]) -> int:
     """``smddp-bench model --preset cluster``: the launching side, or one rank."""
-    from smddp.cluster import ClusterError
-
     ns.cluster = ns.cluster or "2x2"
-    try:
-        sizes = SIZES.parse(ns)
-    except ValueError as e:
-        parser.error(str(e))
     hosts, per_host = cluster_run.check_arguments(ns, parser, sweep=False)
     if hosts < 2 or per_host < 2:
         parser.error("--preset cluster: calibrating needs at least 2 hosts of 2 ranks (--cluster 2x2)")
     if launch.launched_externally():
         return _rank(ns, argv, sizes, ns.op)
-    say = lambda msg: print(f"# {msg}", file=sys.stderr, flush=True)  # noqa: E731
-    try:
-        c, made = cluster_run.obtain(ns, hosts, per_host, say)
-    except ClusterError as e:
-        print(f"smddp-bench model: {e}", file=sys.stderr)
-        return 2
-    try:
-        facts = cluster_run.facts_of(c, hosts, per_host)
+
+    def measure(c: Any, facts: dict[str, Any]) -> int:
         if not facts["rate_bytes_per_s"]:
             print("smddp-bench model: --preset cluster models shaped links; bring the cluster up with "
                   "a --rate", file=sys.stderr)  # fmt: skip
@@ -162,27 +131,20 @@ def main(ns: argparse.Namespace, parser: argparse.ArgumentParser, argv: list[str
         print(f"# smddp-bench model --preset cluster: calibration on the cluster, then smddp's flat ring "
               f"and hierarchical schedule measured beside the model, sizes "
               f"{', '.join(format_size(s) for s in sizes)}", flush=True)  # fmt: skip
-        print(cluster_run.header(facts), flush=True)
-        started = time.monotonic()
-        rank_argv = ["-m", "smddp.bench", "model", *argv]
-        code = cluster_run.run_hosts(c, hosts, per_host, rank_argv, cluster_run.rank_env(c, facts),
-                                     ns.timeout, "smddp-bench model")  # fmt: skip
-        print(f"# wall time: {time.monotonic() - started:.1f} s", flush=True)
-        return code
-    finally:
-        cluster_run.release(c, made, ns.keep_cluster, say)
+        return cluster_run.run_hosts(c, facts, ["-m", "smddp.bench", "model", *argv], ns.timeout,
+                                     "smddp-bench model")  # fmt: skip
+
+    return cluster_run.with_cluster(ns, hosts, per_host, "smddp-bench model", measure)
 
 
 def _rank(ns: argparse.Namespace, argv: list[str], sizes: list[int], ops: tuple[str, ...]) -> int:
     import json
 
-    import torch
     import torch.distributed as dist
 
-    import smddp  # noqa: F401  (registers the backend)
-    from smddp.bench.sweep import Buffers, TorchComm, new_group
+    from smddp.bench.calibrate import medians, pair_fits
+    from smddp.bench.sweep import TorchComm, new_group, process_group
 
-    torch.set_num_threads(1)
     rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
     facts = json.loads(os.environ[cluster_run.CLUSTER_ENV])
     per_host = facts["ranks_per_host"]
@@ -191,50 +153,20 @@ def _rank(ns: argparse.Namespace, argv: list[str], sizes: list[int], ops: tuple[
     rec = record.new("cluster-model", ["smddp-bench", "model", *argv],
                      {"sizes": sizes, "ops": list(ops), "iters": ns.iters,
                       "calibration_sizes": parse_size_list(CALIBRATION_SIZES)}, how)  # fmt: skip
-    timeout = datetime.timedelta(seconds=120)
-    dist.init_process_group("gloo", timeout=timeout)
-    try:
-        comm, cpu = TorchComm(dist.group.WORLD), torch.device("cpu")
+    with process_group(rank, world, "env://", 120) as timeout:
+        comm = TorchComm(dist.group.WORLD)
         pairs = {"shm": [0, 1], "net": [0, per_host]}
         pair_groups = {k: dist.new_group(v, backend="smddp", timeout=timeout) for k, v in pairs.items()}
         whole = {k: new_group(f"smddp:{k}", timeout) for k in SCHEDULES}
-        idle = SimpleNamespace(run=lambda: None, restore=lambda: None, poison=lambda: None,
-                               wrong=lambda: 0)  # fmt: skip
-
-        def cases(op: str, size: int, groups: dict[str, Any], members: list[int]) -> tuple[int, dict]:
-            n = len(members)
-            geom = _ops.geometry(op, size, 4, n)
-            out = {}
-            for k, g in groups.items():
-                if rank in members:
-                    buf = Buffers(op, "float32", geom, "sum", 0, members.index(rank), n, cpu)
-                    out[k] = buf.case(buf.call(g))
-                else:
-                    out[k] = idle
-            return geom.size, out
-
-        def medians(op: str, size: int, groups: dict[str, Any], members: list[int]) -> tuple[int, dict]:
-            nbytes, cs = cases(op, size, groups, members)
-            res = timing.measure(cs, comm, how)
-            for k, r in res.items():
-                if r.status == "error" or r.wrong:
-                    raise RuntimeError(f"{k} {op} {format_size(size)}: {r.error or 'wrong results'}")
-            return nbytes, {k: statistics.median(r.samples) for k, r in res.items()}
-
-        samples: dict[str, list[tuple[int, float]]] = {"shm": [], "net": []}
-        for size in parse_size_list(CALIBRATION_SIZES):
-            for k, members in pairs.items():
-                nbytes, t = medians("all_gather", size, {k: pair_groups[k]}, members)
-                samples[k].append((nbytes, t[k]))
+        labels = {"shm": "shared memory (ranks 0 and 1, one host)",
+                  "net": f"one link (ranks 0 and {per_host}, two hosts, nic0 each)"}  # fmt: skip
+        fits = pair_fits(comm, how, parse_size_list(CALIBRATION_SIZES), pairs, pair_groups, labels)
         results = []
         for op in ops:
             for size in sizes:
-                nbytes, t = medians(op, size, whole, list(range(world)))
+                nbytes, t = medians(comm, how, op, size, whole, list(range(world)))
                 results.append({"op": op, "size_bytes": nbytes, "measured_s": t})
         if rank == 0:
-            labels = {"shm": "shared memory (ranks 0 and 1, one host)",
-                      "net": f"one link (ranks 0 and {per_host}, two hosts, nic0 each)"}  # fmt: skip
-            fits = {k: {"label": labels[k], **fit(v)} for k, v in samples.items()}
             rec.update(topology={"launcher": cluster_run.LAUNCHER, "facts": facts},
                        constants=asdict(machine(facts, fits, chunk)), fits=fits, results=results)  # fmt: skip
             print(_model.describe(_model.Machine(**rec["constants"])), flush=True)
@@ -244,6 +176,3 @@ def _rank(ns: argparse.Namespace, argv: list[str], sizes: list[int], ops: tuple[
                 print(f"# written: {ns.json}", flush=True)
         dist.barrier()
         return 0
-    finally:
-        dist.destroy_process_group()
-

@@ -91,6 +91,27 @@ def check_arguments(ns: argparse.Namespace, parser: argparse.ArgumentParser,
 # -- the cluster ----------------------------------------------------------------
 
 
+def with_cluster(ns: argparse.Namespace, hosts: int, per_host: int, what: str,
+                 body: Callable[[Any, dict[str, Any]], int]) -> int:  # fmt: skip
+    """``body(cluster, facts)`` on the cluster ``obtain`` gives; one that this
+    command brought up is removed after it (unless --keep-cluster). Returns
+    its exit status, or 2 when there is no such cluster."""
+    from smddp.cluster import ClusterError
+
+    say = lambda msg: print(f"# {msg}", file=sys.stderr, flush=True)  # noqa: E731
+    try:
+        c, made = obtain(ns, hosts, per_host, say)
+    except ClusterError as e:
+        print(f"{what}: {e}", file=sys.stderr)
+        return 2
+    try:
+        return body(c, facts_of(c, hosts, per_host))
+    finally:
+        if made and not ns.keep_cluster:
+            c.down()
+            say(f"cluster {c.name!r} removed (--keep-cluster leaves it up)")
+
+
 def obtain(ns: argparse.Namespace, hosts: int, per_host: int, say: Callable[[str], None]) -> tuple[Any, bool]:
     """The cluster to run on, and whether this command brought it up.
     ClusterError when it cannot be made, or one is up with other NICs or rate."""
@@ -124,12 +145,6 @@ def obtain(ns: argparse.Namespace, hosts: int, per_host: int, say: Callable[[str
     return c, True
 
 
-def release(c: Any, made: bool, keep: bool, say: Callable[[str], None]) -> None:
-    if made and not keep:
-        c.down()
-        say(f"cluster {c.name!r} removed (--keep-cluster leaves it up)")
-
-
 def facts_of(c: Any, hosts: int, per_host: int) -> dict[str, Any]:
     """What the benchmark records of the cluster (``topology.facts``)."""
     return {
@@ -141,14 +156,14 @@ def facts_of(c: Any, hosts: int, per_host: int) -> dict[str, Any]:
     }  # fmt: skip
 
 
-def header(facts: dict[str, Any]) -> str:
+def header(facts: dict[str, Any], rule: bool = True) -> str:
+    """The cluster, each host's NICs and (``rule``) how the links' limit is defined."""
     lines = [f"# cluster {facts['cluster']!r} (smddp-cluster): {links.describe_cluster(facts)}; "
              "one torchrun per host"]  # fmt: skip
     for h in facts["host_nics"]:
         nics = ", ".join(f"{n['name']} {n['address']}" for n in h["nics"])
         lines.append(f"#   {h['host']} (hostname {h['hostname']}): {nics}")
-    lines.append(f"# {links.RULE}")
-    return "\n".join(lines)
+    return "\n".join(lines + ([f"# {links.RULE}"] if rule else []))
 
 
 def rank_env(c: Any, facts: dict[str, Any]) -> dict[str, str]:
@@ -169,46 +184,39 @@ def rank_env(c: Any, facts: dict[str, Any]) -> dict[str, str]:
 # -- one torchrun per host ------------------------------------------------------
 
 
-class _Follow(threading.Thread):
-    """Copies the lines a log gains to ``out`` until stopped (the command's
-    own first line, ``$ ...``, is left out)."""
-
-    def __init__(self, path: str, out: IO[str]):
-        super().__init__(name="follow-h0", daemon=True)
-        self.path, self.out, self.done = path, out, threading.Event()
-
-    def run(self) -> None:
-        while not os.path.exists(self.path) and not self.done.wait(0.05):
-            pass
-        with open(self.path, errors="replace") as f:
-            first = True
-            while True:
-                line = f.readline()
-                if line:
-                    if not (first and line.startswith("$ ")):
-                        self.out.write(line)
-                        self.out.flush()
-                    first = False
-                    continue
-                if self.done.is_set():
-                    return
+def _follow(path: str, out: IO[str], done: threading.Event) -> None:
+    """Copies the lines the log ``path`` gains to ``out`` until ``done`` is set
+    (the command's own first line, ``$ ...``, is left out)."""
+    while not os.path.exists(path) and not done.wait(0.05):
+        pass
+    with open(path, errors="replace") as f:
+        first = True
+        while True:
+            line = f.readline()
+            if line:
+                if not (first and line.startswith("$ ")):
+                    out.write(line)
+                    out.flush()
+                first = False
+            elif done.is_set():
+                return
+            else:
                 time.sleep(0.05)
 
-    def stop(self) -> None:
-        self.done.set()
-        self.join(timeout=10)
 
-
-def run_hosts(c: Any, hosts: int, per_host: int, argv: list[str], env: dict[str, str],
-              timeout: float, what: str) -> int:  # fmt: skip
-    """``python ARGV`` under one torchrun per host; host 0's output goes to
-    stdout as it comes, a failed host's log to stderr. The run's exit status."""
+def run_hosts(c: Any, facts: dict[str, Any], argv: list[str], timeout: float, what: str) -> int:
+    """The cluster's header, then ``python ARGV`` under one torchrun per host,
+    every rank in ``rank_env``; host 0's output goes to stdout as it comes, a
+    failed host's log to stderr, the wall time last. The run's exit status."""
     import tempfile
 
-    logs = tempfile.mkdtemp(prefix="smddp-bench-cluster-")
-    port = launch.free_port()
+    print(header(facts), flush=True)
+    hosts, per_host, env = facts["hosts"], facts["ranks_per_host"], rank_env(c, facts)
+    logs, port = tempfile.mkdtemp(prefix="smddp-bench-cluster-"), launch.free_port()
+    started = time.monotonic()
     paths = [os.path.join(logs, f"h{h}.log") for h in range(hosts)]
-    follow = _Follow(paths[0], sys.stdout)
+    done = threading.Event()
+    follow = threading.Thread(target=_follow, args=(paths[0], sys.stdout, done), name="follow-h0", daemon=True)
     follow.start()
     try:
         with launch.Ranks(what) as ranks:
@@ -217,7 +225,8 @@ def run_hosts(c: Any, hosts: int, per_host: int, argv: list[str], env: dict[str,
                 ranks.command(cmd, env, paths[h], f"h{h} (torchrun)")
             code = ranks.wait(timeout)
     finally:
-        follow.stop()
+        done.set()
+        follow.join(timeout=10)
     if code != 0:
         for h, path in enumerate(paths[1:], start=1):
             with open(path, errors="replace") as f:
@@ -228,50 +237,32 @@ def run_hosts(c: Any, hosts: int, per_host: int, argv: list[str], env: dict[str,
         for path in paths:
             os.unlink(path)
         os.rmdir(logs)
+    print(f"# wall time: {time.monotonic() - started:.1f} s", flush=True)
     return code
 
 
-def run(ns: argparse.Namespace, parser: argparse.ArgumentParser, argv: list[str]) -> int:
-    """``smddp-bench --cluster ...``: the launching side, or (under the
-    cluster's torchrun) one rank of the sweep."""
+def run(ns: argparse.Namespace, parser: argparse.ArgumentParser, argv: list[str], hosts: int,
+        per_host: int) -> int:  # fmt: skip
+    """``smddp-bench --cluster HxR``: the launching side."""
     from smddp.bench import cli
-    from smddp.cluster import ClusterError
 
-    hosts, per_host = check_arguments(ns, parser)
-    if launch.launched_externally():
-        return _sweep_rank(ns, parser, argv)
     settings, world, _ = cli.resolve(ns, parser, argv, hosts * per_host)
-    say = lambda msg: print(f"# {msg}", file=sys.stderr, flush=True)  # noqa: E731
-    try:
-        c, made = obtain(ns, hosts, per_host, say)
-    except ClusterError as e:
-        print(f"smddp-bench: {e}", file=sys.stderr)
-        return 2
-    try:
-        facts = facts_of(c, hosts, per_host)
+
+    def sweep(c: Any, facts: dict[str, Any]) -> int:
         print(cli.describe(settings, world, None), flush=True)
-        print(header(facts), flush=True)
-        started = time.monotonic()
         rank_argv = ["-m", "smddp.bench", *argv, *([] if "--no-progress" in argv else ["--no-progress"])]
-        code = run_hosts(c, hosts, per_host, rank_argv, rank_env(c, facts), ns.timeout, "smddp-bench")
-        print(f"# wall time: {time.monotonic() - started:.1f} s", flush=True)
-        return code
-    finally:
-        release(c, made, ns.keep_cluster, say)
+        return run_hosts(c, facts, rank_argv, ns.timeout, "smddp-bench")
+
+    return with_cluster(ns, hosts, per_host, "smddp-bench", sweep)
 
 
-def _sweep_rank(ns: argparse.Namespace, parser: argparse.ArgumentParser, argv: list[str]) -> int:
-    from smddp.bench import cli, sweep
-
-    world = int(os.environ["WORLD_SIZE"])
-    settings, world, _ = cli.resolve(ns, parser, argv, world)
+def as_rank(settings: argparse.Namespace, parser: argparse.ArgumentParser) -> None:
+    """The settings of one rank of a sweep under the cluster's torchrun."""
     facts = json.loads(os.environ.get(CLUSTER_ENV) or "{}")
     if not facts:
         parser.error(f"--cluster under a launcher: {CLUSTER_ENV} is not set; start it without "
                      "torchrun, smddp-bench starts one per host")  # fmt: skip
     settings.launcher, settings.facts, settings.no_progress = LAUNCHER, facts, True
-    return sweep.run_rank(settings, int(os.environ["RANK"]), world, "env://",
-                          int(os.environ.get("LOCAL_RANK", "0")))  # fmt: skip
 
 
 def on_cluster(s: Any, groups: dict[str, Any], comm: Any) -> links.LinksView:
@@ -332,11 +323,23 @@ def host_paths(c: Any, host: int) -> dict[str, str]:
 
 @dataclasses.dataclass(frozen=True)
 class HostLayout:
-    """Where each spawned rank runs: rank r on host r // per_host."""
+    """Where each spawned rank runs: rank r on host r // per_host. With an
+    ``entry`` (``in_hosts``), the entry point for ``launch.Ranks.spawn`` that
+    runs it there."""
 
     per_host: int
     paths: tuple[dict[str, str], ...]  # per host
     env: dict[str, str]  # added to every rank's environment
+    entry: Callable[..., int] | None = None
+
+    def __call__(self, *args: Any, rank: int, world: int, init_method: str, local_rank: int,
+                 **kw: Any) -> int:  # pragma: no cover - a child  # fmt: skip
+        enter_host(self.paths[rank // self.per_host])
+        local = rank % self.per_host
+        os.environ.update(self.env)
+        os.environ.update(LOCAL_RANK=str(local), LOCAL_WORLD_SIZE=str(self.per_host),
+                          GROUP_RANK=str(rank // self.per_host))  # fmt: skip
+        return self.entry(*args, rank=rank, world=world, init_method=init_method, local_rank=local, **kw)
 
 
 def layout(c: Any, hosts: int, per_host: int, facts: dict[str, Any]) -> HostLayout:
@@ -344,21 +347,9 @@ def layout(c: Any, hosts: int, per_host: int, facts: dict[str, Any]) -> HostLayo
     return HostLayout(per_host, tuple(host_paths(c, h) for h in range(hosts)), env)
 
 
-def _in_host(where: HostLayout, entry: Callable[..., int], *args: Any, rank: int, world: int,
-             init_method: str, local_rank: int, **kw: Any) -> int:  # pragma: no cover - a child  # fmt: skip
-    enter_host(where.paths[rank // where.per_host])
-    local = rank % where.per_host
-    os.environ.update(where.env)
-    os.environ.update(LOCAL_RANK=str(local), LOCAL_WORLD_SIZE=str(where.per_host),
-                      GROUP_RANK=str(rank // where.per_host))  # fmt: skip
-    return entry(*args, rank=rank, world=world, init_method=init_method, local_rank=local, **kw)
-
-
-def in_hosts(entry: Callable[..., int], where: HostLayout) -> Callable[..., int]:
+def in_hosts(entry: Callable[..., int], where: HostLayout) -> HostLayout:
     """``entry`` for ``launch.Ranks.spawn``, run inside the rank's host."""
-    import functools
-
-    return functools.partial(_in_host, where, entry)
+    return dataclasses.replace(where, entry=entry)
 
 
 # Spawned ranks enter their host first thing, single-threaded: numpy's
@@ -370,10 +361,7 @@ SPAWN_ENV = {"OPENBLAS_NUM_THREADS": "1"}
 
 def step_shape(s: argparse.Namespace, parser: argparse.ArgumentParser) -> None:
     """``smddp-bench step --cluster HxR``: H x R ranks; hsdp replicates over hosts."""
-    try:
-        hosts, per_host = parse_shape(s.cluster)
-    except ValueError as e:
-        parser.error(str(e))
+    hosts, per_host = check_arguments(s, parser, sweep=False)
     if s.ranks_per_node:
         parser.error("--ranks-per-node emulates nodes on one host; with --cluster every host is a node")
     s.world = hosts * per_host
@@ -383,28 +371,20 @@ def step_shape(s: argparse.Namespace, parser: argparse.ArgumentParser) -> None:
 def step(s: argparse.Namespace, measure: Callable[[argparse.Namespace], int]) -> int:
     """``measure(s)`` with every rank spawned into its host of the cluster
     (``s.hosts``, the layout; ``s.cluster_facts``, for the record)."""
-    from smddp.cluster import ClusterError
-
     hosts, per_host = parse_shape(s.cluster)
-    say = lambda msg: print(f"# {msg}", file=sys.stderr, flush=True)  # noqa: E731
-    try:
-        c, made = obtain(s, hosts, per_host, say)
-    except ClusterError as e:
-        print(f"smddp-bench step: {e}", file=sys.stderr)
-        return 2
-    try:
-        facts = facts_of(c, hosts, per_host)
+
+    def run(c: Any, facts: dict[str, Any]) -> int:
         facts["rank_nics"] = [
             {"rank": r, "host": f"h{r // per_host}", **_nic_of(facts, r // per_host, r % per_host)}
             for r in range(hosts * per_host)
         ]  # fmt: skip
-        print(header(facts).split("\n# limit")[0], flush=True)
+        print(header(facts, rule=False), flush=True)
         print(f"# each rank's NIC (as SMDDP_SOCKET_IFNAME and LOCAL_RANK choose it): {links.rank_nics(facts)}",
               flush=True)  # fmt: skip
         s.hosts, s.cluster_facts = layout(c, hosts, per_host, facts), facts
         return measure(s)
-    finally:
-        release(c, made, s.keep_cluster, say)
+
+    return with_cluster(s, hosts, per_host, "smddp-bench step", run)
 
 
 def _nic_of(facts: dict[str, Any], host: int, local: int) -> dict[str, str]:

@@ -218,12 +218,6 @@ def fit_alpha_beta(nbytes: Sequence[float], seconds: Sequence[float]) -> tuple[f
 # -- the command ---------------------------------------------------------------
 
 
-def _one(text: str, allowed: Sequence[str], what: str) -> str:
-    if text not in allowed:
-        raise ValueError(f"unknown {what} {text!r} (choose from {', '.join(allowed)})")
-    return text
-
-
 # The options of the constants that override the preset: Machine field -> type, help.
 _CONSTANTS: dict[str, tuple[Any, str]] = {
     "gpus_per_node": (at_least(1), "GPUs per node"),
@@ -238,7 +232,7 @@ _CONSTANTS: dict[str, tuple[Any, str]] = {
     "ring_channels": (at_least(0),
                       "rings the flat ring runs side by side (0, the default: GPUs per node)"),
     "chunk_bytes": (at_least(1, parse_size), "cpu-pipelined: the pipeline chunk [1M]"),
-    "schedule": (arg(lambda text: _one(text, SCHEDULES, "schedule")),
+    "schedule": (str,
                  "smddp's schedule: cuda (the GPU path: stages one after the other, the node "
                  "stage through the staging buffers) or cpu-pipelined (the host path: stages "
                  "side by side) [the preset's: cuda]"),
@@ -273,7 +267,7 @@ def build_parser(prog: str = "smddp-bench model") -> argparse.ArgumentParser:
     g = p.add_argument_group("constants (override the preset)")
     for name, (kind, text) in _CONSTANTS.items():
         flag = "--chunk" if name == "chunk_bytes" else "--" + name.replace("_", "-")
-        g.add_argument(flag, dest=name, type=kind, help=text)
+        g.add_argument(flag, dest=name, type=kind, help=text, **({"choices": SCHEDULES} if name == "schedule" else {}))
     g = p.add_argument_group("calibration on this host")
     g.add_argument("--calibrate", action="store_true",
                    help="measure smddp here, fit alpha and beta of shared memory (inside a node) "
@@ -321,16 +315,17 @@ def describe_schedule(m: Machine) -> str:
 
 def main(argv: list[str], prog: str = "smddp-bench model", calibrate: bool = False) -> int:
     """``smddp-bench model`` (and ``smddp-bench calibrate``)."""
+    from smddp.bench import cluster_model  # the cluster preset (which imports this module)
+
     parser = build_parser(prog)
     ns = parser.parse_args(argv)
-    if ns.preset == "cluster":  # its own sizes, and its constants from the cluster
-        from smddp.bench import cluster_model
-
-        return cluster_model.main(ns, parser, argv)
+    cluster = ns.preset == "cluster"  # its own sizes, and its constants from the cluster
     try:
-        sizes = SIZES.parse(ns)
+        sizes = (cluster_model.SIZES if cluster else SIZES).parse(ns)
     except ValueError as e:
         parser.error(str(e))
+    if cluster:
+        return cluster_model.main(ns, parser, argv, sizes)
     m = replace(PRESETS[ns.preset], **{k: getattr(ns, k) for k in _CONSTANTS
                                        if getattr(ns, k) is not None})  # fmt: skip
     if ns.calibrate or calibrate:

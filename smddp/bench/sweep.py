@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import contextlib
 import datetime
+import itertools
 import math
 import os
 import socket
@@ -170,8 +171,8 @@ class Sweep:
     bar: Any = None  # rank 0's progress bar, once the sweep has run for a while
 
     def __init__(self, s: Any, comm: TorchComm, groups: dict[str, Any], device: torch.device,
-                 topology: dict[str, Any], view: Any = views):  # fmt: skip
-        self.s, self.comm, self.groups, self.view = s, comm, groups, view
+                 topology: dict[str, Any], view: views.SweepView | None = None):  # fmt: skip
+        self.s, self.comm, self.groups, self.view = s, comm, groups, view or views.SweepView()
         self.rank, self.world = comm.rank, comm.world
         self.device, self.topology = device, topology
         self.sync = torch.cuda.synchronize if device.type == "cuda" else None
@@ -208,37 +209,33 @@ class Sweep:
         tqdm = _tqdm() if self.rank == 0 and not s.no_progress else None
         results: list[dict[str, Any]] = []
         try:
-            for op in s.ops:
-                for dtype in s.dtypes:
-                    redop = s.redop if _ops.OPS[op].reduces else "none"
-                    self.print(self.view.sweep_header(op, dtype, redop, s.backends,
-                                                      self.topology["label"], self.device.type,
-                                                      s.inplace))  # fmt: skip
-                    skip: dict[str, str] = {}
-                    table: list[dict[str, Any]] = []
-                    for nbytes in s.sizes:
-                        # Created late, so that short sweeps never show a bar.
-                        if self.bar is None and tqdm is not None and time.monotonic() - started > 2:
-                            # tqdm's default lock is a multiprocessing semaphore, which a
-                            # rank that leaves with os._exit would leak.
-                            tqdm.set_lock(threading.RLock())
-                            self.bar = tqdm(total=total, initial=done, file=sys.stderr,
-                                            unit="point", leave=False, dynamic_ncols=True,
-                                            disable=None)  # fmt: skip
-                        if self.bar is not None:
-                            self.bar.set_description(f"{op} {dtype} {format_size(nbytes)}", False)
-                        recs = self.measure(op, dtype, nbytes, skip)
-                        if recs:
-                            table += recs
-                            self.print(self.view.sweep_row(recs, s.backends))
-                        elif recs is None:
-                            self.print(f"# {nbytes} B: less than one {dtype} element per rank, "
-                                       "skipped")  # fmt: skip
-                        done += 1
-                        if self.bar is not None:
-                            self.bar.update(1)
-                    self.print(self.view.sweep_footer(table, s.backends))
-                    results += table
+            for op, dtype in itertools.product(s.ops, s.dtypes):
+                redop = s.redop if _ops.OPS[op].reduces else "none"
+                self.print(self.view.sweep_header(op, dtype, redop, s.backends, self.topology["label"],
+                                                  self.device.type, s.inplace))  # fmt: skip
+                skip: dict[str, str] = {}
+                table: list[dict[str, Any]] = []
+                for nbytes in s.sizes:
+                    # Created late, so that short sweeps never show a bar.
+                    if self.bar is None and tqdm is not None and time.monotonic() - started > 2:
+                        # tqdm's default lock is a multiprocessing semaphore, which a
+                        # rank that leaves with os._exit would leak.
+                        tqdm.set_lock(threading.RLock())
+                        self.bar = tqdm(total=total, initial=done, file=sys.stderr, unit="point", leave=False,
+                                        dynamic_ncols=True, disable=None)  # fmt: skip
+                    if self.bar is not None:
+                        self.bar.set_description(f"{op} {dtype} {format_size(nbytes)}", False)
+                    recs = self.measure(op, dtype, nbytes, skip)
+                    if recs:
+                        table += recs
+                        self.print(self.view.sweep_row(recs, s.backends))
+                    elif recs is None:
+                        self.print(f"# {nbytes} B: less than one {dtype} element per rank, skipped")
+                    done += 1
+                    if self.bar is not None:
+                        self.bar.update(1)
+                self.print(self.view.sweep_footer(table, s.backends))
+                results += table
         finally:
             if self.bar is not None:
                 self.bar.close()
@@ -307,7 +304,7 @@ def run_rank(settings: Any, rank: int, world: int, init_method: str,
         comm = TorchComm(dist.group.WORLD)
         groups = {b: new_group(b, timeout) for b in s.backends}
         topo = detect_topology(world, comm.ctrl, s.launcher)
-        view: Any = views
+        view = views.SweepView()
         if s.launcher == "smddp-cluster":  # each rank's NIC; the links' limit in the tables
             from smddp.bench import cluster_run
 
@@ -319,11 +316,8 @@ def run_rank(settings: Any, rank: int, world: int, init_method: str,
         if rank == 0:
             rec["machine"].update(device=device.type, gpus=[torch.cuda.get_device_name(i) for i in
                                   range(torch.cuda.device_count())] if s.device == "cuda" else [])
-            rec["config"] = record.smddp_config()
-            rec["topology"] = topo
-            rec["elapsed_s"] = round(time.monotonic() - started, 1)
-            rec["results"] = results
-            rec["summary"] = views.sweep_summary(results, s.backends)
+            rec.update(config=record.smddp_config(), topology=topo, elapsed_s=round(time.monotonic() - started, 1),
+                       results=results, summary=views.sweep_summary(results, s.backends))  # fmt: skip
             status = launch.EXIT_WRONG if rec["summary"]["wrong"] else 0
             sweep.print(views.run_footer(rec))
             if s.json:

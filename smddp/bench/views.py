@@ -61,29 +61,54 @@ _LEFT = [Column("size", "(B)", width=12), Column("count", "(elements)", width=12
          Column("redop", width=6)]  # fmt: skip
 _BLOCK = [Column("time", "(us)", "{:.1f}", 10), Column("algbw", "(GB/s)", "{:.3f}", 8),
           Column("busbw", "(GB/s)", "{:.3f}", 8), Column("#wrong", width=7)]  # fmt: skip
+# On a cluster: the links' limit of each point, and each backend's fraction of it.
+_LIMIT, _OF_LIMIT = Column("limit", "(us)", "{:.1f}", 10), Column("%limit", width=6)
 
 
-def _sweep_columns(backends: Sequence[str]) -> tuple[list[Column], list[tuple[str, int]]]:
-    ratios = [Column("ratio", f"{a}/{b}", "{:.2f}", max(11, len(a + b) + 1)) for a, b in rivals(backends)]
-    return table.grouped(("", _LEFT), *((b, _BLOCK) for b in backends), ("", ratios))
+def fraction(limit: float | None, rec: dict[str, Any] | None) -> float | None:
+    """limit / measured time: the share of the links' capacity a backend used."""
+    if limit is None or not measured(rec) or rec["time_us"] <= 0:
+        return None
+    return limit / (rec["time_us"] * 1e-6)
 
 
-def sweep_header(op: str, dtype: str, redop: str, backends: Sequence[str], topology: str,
-                 device: str, inplace: bool = False) -> str:  # fmt: skip
-    place = "  in place" if inplace and op in ("all_gather", "reduce_scatter") else ""
-    title = f"# {OPS[op].title} ({op}){place}  type {dtype}  redop {redop}  |  {topology}  |  {device}"
-    return "\n".join(["#", title, "#", table.header(*_sweep_columns(backends))])
+class SweepView:
+    """The sweep's text tables, printed as it measures (smddp.bench.sweep calls
+    ``sweep_header``, ``sweep_row`` and ``sweep_footer``). A view that is
+    ``limited`` (smddp.bench.links.LinksView, on a cluster) adds the links'
+    limit of each point, ``limit_s``, and each backend's fraction of it."""
 
+    limited = False
 
-def sweep_row(recs: list[dict], backends: Sequence[str]) -> str:
-    point = {r["backend"]: r for r in recs}
-    first = recs[0]
-    values: list[Any] = [first["size_bytes"], first["count"], first["dtype"], first["redop"]]
-    for r in (point.get(b) for b in backends):
-        values += [r["time_us"], r["algbw_gbs"], r["busbw_gbs"], r["wrong"]] if measured(r) else ["n/a", "", "", ""]
-    values += [_num(ratio(point, a, b), "{:.2f}") for a, b in rivals(backends)]
-    cols, groups = _sweep_columns(backends)
-    return table.row(cols, values, groups)
+    def limit_s(self, first: dict[str, Any]) -> float | None:
+        return None
+
+    def columns(self, backends: Sequence[str]) -> tuple[list[Column], list[tuple[str, int]]]:
+        ratios = [Column("ratio", f"{a}/{b}", "{:.2f}", max(11, len(a + b) + 1)) for a, b in rivals(backends)]
+        left, block = (_LEFT + [_LIMIT], _BLOCK[:3] + [_OF_LIMIT, _BLOCK[3]]) if self.limited else (_LEFT, _BLOCK)
+        return table.grouped(("", left), *((b, block) for b in backends), ("", ratios))
+
+    def sweep_header(self, op: str, dtype: str, redop: str, backends: Sequence[str], topology: str,
+                     device: str, inplace: bool = False) -> str:  # fmt: skip
+        place = "  in place" if inplace and op in ("all_gather", "reduce_scatter") else ""
+        title = f"# {OPS[op].title} ({op}){place}  type {dtype}  redop {redop}  |  {topology}  |  {device}"
+        return "\n".join(["#", title, "#", table.header(*self.columns(backends))])
+
+    def sweep_row(self, recs: list[dict], backends: Sequence[str]) -> str:
+        point, first = {r["backend"]: r for r in recs}, recs[0]
+        limit = self.limit_s(first)
+        values: list[Any] = [first["size_bytes"], first["count"], first["dtype"], first["redop"]]
+        values += [None if limit is None else limit * 1e6] if self.limited else []
+        for r in (point.get(b) for b in backends):
+            cells = ([r["time_us"], r["algbw_gbs"], r["busbw_gbs"], _num(fraction(limit, r), "{:.0%}"), r["wrong"]]
+                     if measured(r) else ["n/a", "", "", "", ""])  # fmt: skip
+            values += cells if self.limited else cells[:3] + cells[4:]  # no %limit cell
+        values += [_num(ratio(point, a, b), "{:.2f}") for a, b in rivals(backends)]
+        cols, groups = self.columns(backends)
+        return table.row(cols, values, groups)
+
+    def sweep_footer(self, results: list[dict], backends: Sequence[str]) -> str:
+        return sweep_footer(results, backends)
 
 
 def _table_summary(results: list[dict], backends: Sequence[str]) -> dict[str, Any]:
@@ -142,22 +167,34 @@ def run_footer(rec: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
-def sweep_markdown(rec: dict[str, Any]) -> str:
-    backends = rec["settings"]["backends"]
+def sweep_table(rec: dict[str, Any], limit_s: Callable[[dict], float | None] | None = None) -> str:
+    """A sweep's markdown table; with ``limit_s`` (on a cluster,
+    smddp.bench.links) the links' limit of each point and each backend's
+    fraction of it."""
+    backends, limited = rec["settings"]["backends"], limit_s is not None
     pairs = rivals(backends)
+    left = [Column("op", left=True), Column("type", left=True), Column("size")]
     block = [Column("time", "µs", "{:.1f}"), Column("busbw", "GB/s", "{:.3f}")]
-    cols, groups = table.grouped(("", [Column("op", left=True), Column("type", left=True), Column("size")]),
-                                 *((b, block) for b in backends),
+    if limited:
+        left, block = left + [Column("limit", "µs", "{:.1f}")], block + [Column("of limit")]
+    cols, groups = table.grouped(("", left), *((b, block) for b in backends),
                                  ("busbw", [Column(f"{a}/{b}", fmt="{:.2f}") for a, b in pairs]))  # fmt: skip
     rows = []
     for point in by_point(rec["results"]):
         first = next(iter(point.values()))
+        limit = limit_s(first) if limited else None
         row: list[Any] = [OPS[first["op"]].title, first["dtype"], format_size(first["size_bytes"])]
+        row += ["n/a" if limit is None else limit * 1e6] if limited else []
         for r in (point.get(b) for b in backends):
-            row += [r["time_us"], r["busbw_gbs"]] if measured(r) else ["n/a", "n/a"]
+            cells = [r["time_us"], r["busbw_gbs"], _num(fraction(limit, r), "{:.0%}")] if measured(r) else ["n/a"] * 3
+            row += cells if limited else cells[:2]  # no "of limit" cell
         rows.append(row + [_num(ratio(point, a, b), "{:.2f}") for a, b in pairs])
+    return table.markdown(cols, rows, groups)
+
+
+def sweep_markdown(rec: dict[str, Any]) -> tuple[str, str]:
     place = "; AllGather/ReduceScatter in place" if rec["settings"].get("inplace") else ""
-    return table.markdown(cols, rows, groups), (
+    return sweep_table(rec), (
         f"{rec['topology']['label']}, {rec['machine']['device']}{place}; busbw in GB/s (nccl-tests' definitions, "
         f"GB = 1e9); ratios of busbw; #wrong {rec['summary']['wrong']}")
 
@@ -297,18 +334,23 @@ def model_markdown(rec: dict[str, Any]) -> tuple[str, str]:
     return model_table(rec["results"], markdown=True), caption
 
 
+def fit_table(fits: dict[str, dict], what: str, markdown: bool = False) -> str:
+    """The alpha-beta fits of a calibration, one row per transport."""
+    rows = [[f["label"], f["alpha_s"] * 1e6, (f["beta_bytes_per_s"] or math.inf) / 1e9, f["worst_error"] * 100]
+            for f in fits.values()]  # fmt: skip
+    cols = [Column(what, left=True), Column("alpha", "(us)", "{:.1f}"), Column("beta", "(GB/s)", "{:.3f}"),
+            Column("worst fit error", "(%)", "{:.0f}")]  # fmt: skip
+    return (table.markdown if markdown else table.text)(cols, rows)
+
+
 def calibration_tables(rec: dict[str, Any], markdown: bool = False) -> str:
     render = table.markdown if markdown else table.text
-    fits = [[f["label"], f["alpha_s"] * 1e6, (f["beta_bytes_per_s"] or math.inf) / 1e9, f["worst_error"] * 100]
-            for f in rec["fits"].values()]  # fmt: skip
-    fit_cols = [Column("transport", left=True), Column("alpha", "(us)", "{:.1f}"), Column("beta", "(GB/s)", "{:.3f}"),
-                Column("worst fit error", "(%)", "{:.0f}")]  # fmt: skip
     cols = [Column("op", left=True), Column("size", "(B)"), Column("measured", "(us)", "{:.1f}"),
             Column("smddp model", "(us)", "{:.1f}"), Column("error", "(%)", "{:+.0f}"),
             Column("flat ring model", "(us)", "{:.1f}")]  # fmt: skip
     rows = [[r["op"], format_size(r["size_bytes"]), r["measured_s"] * 1e6, r["model_smddp_s"] * 1e6,
              (r["model_smddp_s"] / r["measured_s"] - 1) * 100, r["model_ring_s"] * 1e6] for r in rec["results"]]
-    return render(fit_cols, fits) + "\n\n" + render(cols, rows)
+    return fit_table(rec["fits"], "transport", markdown) + "\n\n" + render(cols, rows)
 
 
 def calibration_markdown(rec: dict[str, Any]) -> tuple[str, str]:
