@@ -1,7 +1,8 @@
 """The latency of a small native CUDA AllReduce, ranks sharing one GPU:
 host synchronization (the node's host threads meet between steps), device
 synchronization (flags awaited by kernels, SMDDP_CUDA_SYNC=device), and
-device synchronization replayed from a CUDA graph, in one run.
+device synchronization replayed from a CUDA graph, each in two steps between
+the ranks or, with "+oneshot", in one (SMDDP_CUDA_ONESHOT_BYTES), in one run.
 
     python bench/gpu_latency.py [--nproc 2] [--bytes 4K] [-n 200] [--json FILE]
 
@@ -25,11 +26,13 @@ import tempfile
 if __package__ in (None, ""):  # run as a script: the repository's root is one folder up
     sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-MODES = ("host", "device", "device+graph")
+MODES = ("host", "host+oneshot", "device", "device+graph", "device+graph+oneshot")
 
 
 def _rank(rank: int, world: int, init: str, mode: str, nbytes: int, iters: int, out) -> None:
-    os.environ.update(SMDDP_CUDA_RANKS_PER_GPU=str(world), SMDDP_CUDA_SYNC=mode.split("+")[0])
+    parts = mode.split("+")
+    os.environ.update(SMDDP_CUDA_RANKS_PER_GPU=str(world), SMDDP_CUDA_SYNC=parts[0],
+                      SMDDP_CUDA_ONESHOT_BYTES=str(nbytes if "oneshot" in parts else 0))
     import torch
     import torch.distributed as dist
 
@@ -51,7 +54,7 @@ def _rank(rank: int, world: int, init: str, mode: str, nbytes: int, iters: int, 
     torch.cuda.synchronize()
     run = call
     per_run = 1
-    if mode.endswith("+graph"):
+    if "graph" in parts:
         graph = torch.cuda.CUDAGraph()
         per_run = 10
         with torch.cuda.graph(graph, capture_error_mode="thread_local"):
@@ -86,6 +89,11 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--modes", default=",".join(MODES), help=f"of {', '.join(MODES)}")
     p.add_argument("--json", default=None, help="the record (kind gpu-latency)")
     args = p.parse_args(argv)
+    for mode in args.modes.split(","):
+        sync, *rest = mode.split("+")
+        bad = sync not in ("host", "device") or not set(rest) <= {"graph", "oneshot"}
+        if bad or ("graph" in rest and sync != "device"):
+            p.error(f"--modes: {mode!r} is not a mode; use {', '.join(MODES)} (graph needs device)")
     import torch
     import torch.multiprocessing as mp
 

@@ -757,7 +757,7 @@ STEPS = [
          doc="bench/gpu_kernels.py"),
     Step("bench-collectives", step_bench_collectives, cap_s=90, min_s=45, gpu=True, needs=("import",),
          doc="bench/gpu_collectives.py --nproc 2"),
-    Step("bench-latency", step_bench_latency, cap_s=60, min_s=20, gpu=True, needs=("import",),
+    Step("bench-latency", step_bench_latency, cap_s=90, min_s=20, gpu=True, needs=("import",),
          doc="bench/gpu_latency.py --nproc 2"),
 ]
 
