@@ -12,6 +12,7 @@
 
 #include "common/error.h"
 #include "common/store.h"
+#include "transport/channel.h"
 
 namespace smddp::test {
 
@@ -40,6 +41,16 @@ class DirStore : public Store {
 
 // A fresh temporary directory (removed at exit of the test binary).
 std::string tempDir();
+
+// The tag of an AllGather of `count` bytes, collective `seq`.
+inline transport::MessageTag gatherTag(uint64_t seq, uint64_t count) {
+  transport::MessageTag t;
+  t.seq = seq;
+  t.kind = CollectiveKind::kAllGather;
+  t.dtype = DataType::kUInt8;
+  t.count = count;
+  return t;
+}
 
 // Runs body(rank) in `n` forked processes sharing `store_dir`; returns when
 // all exit. Fails the test if a rank fails an expectation, throws, crashes

@@ -27,15 +27,6 @@ Config configWith(std::map<std::string, std::string> env) {
   });
 }
 
-MessageTag tagOf(uint64_t seq, uint64_t count) {
-  MessageTag t;
-  t.seq = seq;
-  t.kind = CollectiveKind::kAllGather;
-  t.dtype = DataType::kUInt8;
-  t.count = count;
-  return t;
-}
-
 NetOptions loopback() {
   NetOptions net;
   net.store_host = "127.0.0.1";
@@ -48,8 +39,8 @@ void exchange(Mesh& mesh, int peer, const std::vector<uint32_t>& out, std::vecto
   Channel& ch = mesh.channel(peer);
   const uint64_t sends = ch.sendsDone();
   const uint64_t recvs = ch.recvsDone();
-  ch.postRecv(in->data(), in->size() * 4, tagOf(seq, in->size()));
-  ch.postSend(out.data(), out.size() * 4, tagOf(seq, out.size()));
+  ch.postRecv(in->data(), in->size() * 4, test::gatherTag(seq, in->size()));
+  ch.postSend(out.data(), out.size() * 4, test::gatherTag(seq, out.size()));
   drive({&ch}, nullptr, [&] { return ch.sendsDone() == sends + 1 && ch.recvsDone() == recvs + 1; },
         Deadline::after(std::chrono::seconds(10)), DriveOptions{});
 }
@@ -139,7 +130,7 @@ SMDDP_TEST(an_abort_reaches_every_peer) {
     store.get(str("read", 0));
     Channel& ch = mesh->channel(1);
     std::vector<uint8_t> in(16);
-    ch.postRecv(in.data(), in.size(), tagOf(1, 16));
+    ch.postRecv(in.data(), in.size(), test::gatherTag(1, 16));
     EXPECT_THROWS(
         drive({&ch}, nullptr, [&] { return ch.recvsDone() == 1; }, Deadline::after(std::chrono::seconds(5)),
               DriveOptions{}),
@@ -160,7 +151,7 @@ SMDDP_TEST(a_shutdown_from_another_thread_fails_a_blocked_wait_at_once) {
     }
     Channel& ch = mesh->channel(1);
     std::vector<uint8_t> in(16);
-    ch.postRecv(in.data(), in.size(), tagOf(1, 16));
+    ch.postRecv(in.data(), in.size(), test::gatherTag(1, 16));
     std::thread cutter([&] {
       std::this_thread::sleep_for(std::chrono::milliseconds(200));
       mesh->shutdownAll();

@@ -23,20 +23,6 @@
 using namespace smddp;
 using namespace smddp::transport;
 
-namespace {
-
-// The tag of an AllGather of `count` bytes, collective `seq`.
-MessageTag gatherTag(uint64_t seq, uint64_t count) {
-  MessageTag t;
-  t.seq = seq;
-  t.kind = CollectiveKind::kAllGather;
-  t.dtype = DataType::kUInt8;
-  t.count = count;
-  return t;
-}
-
-} // namespace
-
 SMDDP_TEST(siphash_reference_vectors) {
   // Key 00..0f; messages 00..(n-1) (Aumasson and Bernstein, appendix A).
   SipKey key;
@@ -58,7 +44,7 @@ SMDDP_TEST(frame_parser_rejects_malformed_headers) {
   SipKey key{1, 2};
   FrameHeader h;
   h.type = FrameType::kData;
-  h.tag = gatherTag(7, 99);
+  h.tag = test::gatherTag(7, 99);
   h.from = 3;
   h.length = 1 << 20;
   uint8_t buf[kFrameHeaderBytes];
@@ -161,7 +147,7 @@ SMDDP_TEST(strangers_are_dropped_and_peers_talk) {
       for (size_t i = 0; i < in.size(); ++i) {
         in[i] = static_cast<uint32_t>(i * 3);
       }
-      MessageTag tag = gatherTag(1, 42);
+      MessageTag tag = test::gatherTag(1, 42);
       ch.postRecv(out.data(), out.size() * 4, tag);
       ch.postSend(in.data(), in.size() * 4, tag);
       drive({&ch}, nullptr, [&] { return ch.sendsDone() == 1 && ch.recvsDone() == 1; },
@@ -177,7 +163,7 @@ SMDDP_TEST(strangers_are_dropped_and_peers_talk) {
       for (size_t i = 0; i < in.size(); ++i) {
         in[i] = static_cast<uint32_t>(i + 1);
       }
-      MessageTag tag = gatherTag(1, 42);
+      MessageTag tag = test::gatherTag(1, 42);
       ch.postSend(in.data(), in.size() * 4, tag);
       ch.postRecv(out.data(), out.size() * 4, tag);
       drive({&ch}, nullptr, [&] { return ch.sendsDone() == 1 && ch.recvsDone() == 1; },
@@ -204,7 +190,7 @@ SMDDP_TEST(bounded_receive_buffers_carry_large_messages) {
     for (size_t i = 0; i < words; ++i) {
       in[i] = static_cast<uint32_t>(i * 2654435761u) ^ static_cast<uint32_t>(rank);
     }
-    MessageTag tag = gatherTag(3, words * 4);
+    MessageTag tag = test::gatherTag(3, words * 4);
     for (int m = 0; m < 2; ++m) {
       ch.postRecv(out.data() + static_cast<size_t>(m) * words, words * 4, tag);
       ch.postSend(in.data(), words * 4, tag);
@@ -233,8 +219,8 @@ SMDDP_TEST(peer_errors_are_reported) {
     SocketChannel& ch = mesh.channel(1 - rank);
     auto run = [&](size_t bytes, uint32_t call) {
       std::vector<uint8_t> in(bytes), out(bytes);
-      ch.postSend(in.data(), in.size(), gatherTag(5, bytes + call));
-      ch.postRecv(out.data(), out.size(), gatherTag(5, bytes + call));
+      ch.postSend(in.data(), in.size(), test::gatherTag(5, bytes + call));
+      ch.postRecv(out.data(), out.size(), test::gatherTag(5, bytes + call));
       drive({&ch}, nullptr, [&] { return ch.sendsDone() == 1 && ch.recvsDone() == 1; },
             Deadline::after(std::chrono::seconds(5)), DriveOptions{});
     };
@@ -259,7 +245,7 @@ SMDDP_TEST(peer_errors_are_reported) {
         }
         store.get("aborted");
         std::vector<uint8_t> out(16);
-        ch.postRecv(out.data(), out.size(), gatherTag(1, 16));
+        ch.postRecv(out.data(), out.size(), test::gatherTag(1, 16));
         EXPECT_THROWS(
             drive({&ch}, nullptr, [&] { return ch.recvsDone() == 1; }, Deadline::after(std::chrono::seconds(5)),
                   DriveOptions{}),
@@ -278,7 +264,7 @@ SMDDP_TEST(peer_errors_are_reported) {
         }
         SocketChannel& ch = mesh.channel(1);
         std::vector<uint8_t> out(16);
-        ch.postRecv(out.data(), out.size(), gatherTag(1, 16));
+        ch.postRecv(out.data(), out.size(), test::gatherTag(1, 16));
         auto t0 = std::chrono::steady_clock::now();
         EXPECT_THROWS(
             drive({&ch}, nullptr, [&] { return ch.recvsDone() == 1; }, Deadline::after(std::chrono::seconds(20)),
@@ -373,7 +359,7 @@ SMDDP_TEST(connections_leave_from_the_ranks_nic) {
         // A failure names the peer, its address and this rank's NIC.
         SocketChannel& ch = mesh.channel(1);
         std::vector<uint8_t> out(16);
-        ch.postRecv(out.data(), out.size(), gatherTag(1, 16));
+        ch.postRecv(out.data(), out.size(), test::gatherTag(1, 16));
         EXPECT_THROWS(
             drive({&ch}, nullptr, [&] { return ch.recvsDone() == 1; }, Deadline::after(std::chrono::seconds(20)),
                   DriveOptions{}),
