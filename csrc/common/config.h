@@ -154,6 +154,11 @@ constexpr int kYieldUsOversubscribed = 2000;
     "reduces every peer's whole input on every rank: one step between the "    \
     "ranks instead of two (a ReduceScatter, then an AllGather), for L times "  \
     "the reads; the bits are the same. 0: always two steps.")                  \
+  X(cuda_pipeline, "SMDDP_CUDA_PIPELINE", true, bool, "0", "",                        \
+    "Rails AllGather: the rail's transfers on a stream of their own, chunk by " \
+    "chunk, each node-stage chunk waiting only for its own, so that one chunk " \
+    "crosses the node while the next is on the network (0: the whole rail "  \
+    "stage, then the node stage, on the collective's stream).")              \
   X(debug_dump, "SMDDP_DEBUG_DUMP", false, string, "", "",                            \
     "Path prefix of a dump of each rank's last collectives (op, size, sequence " \
     "number, state, times), written to <prefix>.<group>.<rank>.json when a "     \
@@ -185,6 +190,7 @@ struct Config {
   std::string cuda_sync;
   bool cuda_batch_copies = false;
   size_t cuda_oneshot_bytes = 0;
+  bool cuda_pipeline = false;
   std::string debug_dump;
 
   // Not knobs: how many ranks of the job run on this host and the fewest

@@ -4,7 +4,9 @@
 //
 //   AllGather:      each rank's block to its rail peers (NCCL), straight to
 //                   its place in the output; then the rail's N blocks to
-//                   every local peer through the stages
+//                   every local peer through the stages (SMDDP_CUDA_PIPELINE:
+//                   chunk by chunk, the rail on a stream of its own, so the
+//                   two stages overlap)
 //   ReduceScatter:  the node reduces every rail member's block (IPC, in
 //                   local rank order) into partials; then NCCL reduces the
 //                   partials over the rail, member m keeping block m
@@ -21,6 +23,8 @@
 #include "common/error.h"
 
 namespace smddp::algorithm::cuda {
+
+using transport::cudaCheck;
 
 namespace {
 
@@ -65,36 +69,56 @@ class RailsSchedule : public Schedule {
   explicit RailsSchedule(DeviceContext& ctx)
       : ctx_(ctx), partials_(*ctx.memory, GrowingBuffer::Kind::kDevice) {}
 
+  ~RailsSchedule() override {
+    // Work still enqueued keeps what it uses: destroying a stream or an
+    // event does not wait for it.
+    for (cudaEvent_t e : chunk_events_) {
+      cudaEventDestroy(e);
+    }
+    if (rail_stream_ != nullptr) {
+      cudaStreamDestroy(rail_stream_);
+    }
+  }
+
+  // SMDDP_CUDA_PIPELINE: the rail stage chunk by chunk on a stream of its
+  // own (chunk c of every member's block, a group of send/recv each), an
+  // event after each; the node stage's chunk c waits on the collective's
+  // stream for chunk c's event only. The collective's stream has waited for
+  // every event when the call returns, so the rail stream's work is part of
+  // the call.
   void allGather(const OpArgs& args, cudaStream_t s) override {
     const int N = ctx_.topo.numNodes();
     const int L = ctx_.topo.localSize();
-    const int n = ctx_.topo.myNode();
     const int me = ctx_.topo.myLocalRank();
     const size_t b = args.count * args.elemSize();
     auto* out = static_cast<uint8_t*>(args.out);
     const auto* in = static_cast<const uint8_t*>(args.in);
-    openDeviceCall(ctx_, args);
-    copyAsync(out + static_cast<size_t>(ctx_.topo.rank()) * b, in, b, s);
-    // Rails: every member's block straight to its place in the output.
-    ctx_.rail->run("the rail AllGather (send/recv)", args.deadline, [&](ncclComm_t comm) {
-      ncclResult_t r = ncclGroupStart();
-      for (int m = 0; m < N && (r == ncclSuccess || r == ncclInProgress); ++m) {
-        if (m != n) {
-          r = ncclSend(in, b, ncclUint8, m, comm, s);
-          if (r == ncclSuccess || r == ncclInProgress) {
-            r = ncclRecv(out + static_cast<size_t>(ctx_.rail_ranks[static_cast<size_t>(m)]) * b, b, ncclUint8, m, comm, s);
-          }
-        }
-      }
-      const ncclResult_t end = ncclGroupEnd();
-      return r == ncclSuccess || r == ncclInProgress ? end : r;
-    });
-    // Node: my rail's N blocks to every local peer, through the stages.
     const size_t cb = std::max<size_t>(1, ctx_.ipc->stagingBytes() / static_cast<size_t>(N));
     const size_t chunks = chunkCount(b, cb);
+    const bool pipelined = ctx_.config.cuda_pipeline;
+    openDeviceCall(ctx_, args);
+    if (pipelined) {
+      reserveEvents(chunks + 1);
+      // The rail stream starts after what the caller enqueued before the call.
+      cudaCheck(cudaEventRecord(chunk_events_[0], s), "cudaEventRecord");
+      cudaCheck(cudaStreamWaitEvent(railStream(), chunk_events_[0], 0), "cudaStreamWaitEvent");
+    }
+    copyAsync(out + static_cast<size_t>(ctx_.topo.rank()) * b, in, b, s);
+    // Rails: every member's block straight to its place in the output.
+    if (!pipelined) {
+      railGather(args, 0, b, s);
+    }
+    for (size_t c = 0; pipelined && c < chunks; ++c) {
+      railGather(args, c * cb, chunkLen(b, cb, c), railStream());
+      cudaCheck(cudaEventRecord(chunk_events_[c + 1], railStream()), "cudaEventRecord");
+    }
+    // Node: my rail's N blocks to every local peer, through the stages.
     for (size_t c = 0; c < chunks; ++c) {
       const size_t off = c * cb;
       const size_t len = chunkLen(b, cb, c);
+      if (pipelined) {
+        cudaCheck(cudaStreamWaitEvent(s, chunk_events_[c + 1], 0), "cudaStreamWaitEvent");
+      }
       exchange(
           ctx_, args, s, c == 0,
           [&] {
@@ -190,6 +214,45 @@ class RailsSchedule : public Schedule {
   }
 
  private:
+  // Bytes [off, off + len) of this rank's block to every rail member, and of
+  // theirs into their places in the output: one group of send/recv on `st`.
+  void railGather(const OpArgs& args, size_t off, size_t len, cudaStream_t st) {
+    const int N = ctx_.topo.numNodes();
+    const int n = ctx_.topo.myNode();
+    const size_t b = args.count * args.elemSize();
+    const auto* in = static_cast<const uint8_t*>(args.in) + off;
+    auto* out = static_cast<uint8_t*>(args.out) + off;
+    ctx_.rail->run("the rail AllGather (send/recv)", args.deadline, [&](ncclComm_t comm) {
+      ncclResult_t r = ncclGroupStart();
+      for (int m = 0; m < N && (r == ncclSuccess || r == ncclInProgress); ++m) {
+        if (m != n) {
+          r = ncclSend(in, len, ncclUint8, m, comm, st);
+          if (r == ncclSuccess || r == ncclInProgress) {
+            r = ncclRecv(out + static_cast<size_t>(ctx_.rail_ranks[static_cast<size_t>(m)]) * b, len, ncclUint8, m,
+                         comm, st);
+          }
+        }
+      }
+      const ncclResult_t end = ncclGroupEnd();
+      return r == ncclSuccess || r == ncclInProgress ? end : r;
+    });
+  }
+
+  cudaStream_t railStream() {
+    if (rail_stream_ == nullptr) {
+      cudaCheck(cudaStreamCreateWithFlags(&rail_stream_, cudaStreamNonBlocking), "cudaStreamCreateWithFlags");
+    }
+    return rail_stream_;
+  }
+
+  void reserveEvents(size_t n) {
+    while (chunk_events_.size() < n) {
+      cudaEvent_t e = nullptr;
+      cudaCheck(cudaEventCreateWithFlags(&e, cudaEventDisableTiming), "cudaEventCreateWithFlags");
+      chunk_events_.push_back(e);
+    }
+  }
+
   // Where local rank l's block of every node starts in an AllGather's
   // output (node m's: group rank nodeRanks(m)[l]).
   std::vector<size_t> railOffsets(int l, size_t b) const {
@@ -226,6 +289,10 @@ class RailsSchedule : public Schedule {
 
   DeviceContext& ctx_;
   GrowingBuffer partials_;
+  // SMDDP_CUDA_PIPELINE: the rail stage's stream, and an event per chunk
+  // (reused by later calls: a wait takes the event's state when enqueued).
+  cudaStream_t rail_stream_ = nullptr;
+  std::vector<cudaEvent_t> chunk_events_;
 };
 
 } // namespace
