@@ -155,10 +155,11 @@ constexpr int kYieldUsOversubscribed = 2000;
     "ranks instead of two (a ReduceScatter, then an AllGather), for L times "  \
     "the reads; the bits are the same. 0: always two steps.")                  \
   X(cuda_pipeline, "SMDDP_CUDA_PIPELINE", true, bool, "0", "",                        \
-    "Rails AllGather: the rail's transfers on a stream of their own, chunk by " \
-    "chunk, each node-stage chunk waiting only for its own, so that one chunk " \
-    "crosses the node while the next is on the network (0: the whole rail "  \
-    "stage, then the node stage, on the collective's stream).")              \
+    "Rails AllGather and ReduceScatter: the rail's transfers on a stream of "  \
+    "their own, chunk by chunk, each waiting only for the node-stage chunk it " \
+    "needs (and the reverse), so that one chunk crosses the node while "     \
+    "another is on the network (0: the whole rail stage and the whole node " \
+    "stage one after the other, on the collective's stream).")               \
   X(debug_dump, "SMDDP_DEBUG_DUMP", false, string, "", "",                            \
     "Path prefix of a dump of each rank's last collectives (op, size, sequence " \
     "number, state, times), written to <prefix>.<group>.<rank>.json when a "     \

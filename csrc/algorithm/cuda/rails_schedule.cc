@@ -10,6 +10,8 @@
 //   ReduceScatter:  the node reduces every rail member's block (IPC, in
 //                   local rank order) into partials; then NCCL reduces the
 //                   partials over the rail, member m keeping block m
+//                   (SMDDP_CUDA_PIPELINE: each chunk's partials as soon as
+//                   the node has them, on the rail's stream)
 //   AllReduce:      per chunk, each rank reduces its slice over the node,
 //                   all-reduces it over the rail (NCCL), and every rank
 //                   gathers the node's slices
@@ -143,10 +145,19 @@ class RailsSchedule : public Schedule {
     const auto* in = static_cast<const uint8_t*>(args.in);
     uint8_t* partials = partials_.reserve(static_cast<size_t>(N) * b, s);
     std::vector<const void*> srcs(static_cast<size_t>(L));
-    openDeviceCall(ctx_, args);
+    const ncclDataType_t type = ncclTypeOf(args.dtype());
+    const ncclRedOp_t op = ncclOpOf(args.reduce.op);
     // Node: the partial of every rail member's block, reduced over the node.
     const size_t ce = std::max<size_t>(1, ctx_.ipc->stagingBytes() / (static_cast<size_t>(world) * es));
     const size_t chunks = chunkCount(args.count, ce);
+    // SMDDP_CUDA_PIPELINE: the partials chunk-major (chunk c of every
+    // member's block side by side), each chunk reduce-scattered over the rail
+    // on the rail's stream as soon as the node has reduced it.
+    const bool pipelined = ctx_.config.cuda_pipeline;
+    if (pipelined) {
+      reserveEvents(chunks + 1);
+    }
+    openDeviceCall(ctx_, args);
     for (size_t c = 0; c < chunks; ++c) {
       const size_t off = c * ce;
       const size_t len = chunkLen(args.count, ce, c);
@@ -166,16 +177,29 @@ class RailsSchedule : public Schedule {
             for (int l = 0; l < L; ++l) {
               srcs[static_cast<size_t>(l)] = ctx_.ipc->staging(l);
             }
-            launchReduceSegments(args.reduce, partials + off * es, b, srcs.data(), L, offsets.data(), N, len,
+            uint8_t* dst = pipelined ? partials + static_cast<size_t>(N) * off * es : partials + off * es;
+            launchReduceSegments(args.reduce, dst, pipelined ? len * es : b, srcs.data(), L, offsets.data(), N, len,
                                  Sources::kInputs, Result::kPartial, ctx_.config.cuda_reduce_blocks, s);
           });
+      if (pipelined) {
+        cudaStream_t r = railStream();
+        cudaCheck(cudaEventRecord(chunk_events_[c], s), "cudaEventRecord");
+        cudaCheck(cudaStreamWaitEvent(r, chunk_events_[c], 0), "cudaStreamWaitEvent");
+        ctx_.rail->run("the rail ReduceScatter (pipelined)", args.deadline, [&](ncclComm_t comm) {
+          return ncclReduceScatter(partials + static_cast<size_t>(N) * off * es,
+                                   static_cast<uint8_t*>(args.out) + off * es, len, type, op, comm, r);
+        });
+      }
     }
-    // Rail: reduce-scatter of the partials (member m's block is m's output).
-    const ncclDataType_t type = ncclTypeOf(args.dtype());
-    const ncclRedOp_t op = ncclOpOf(args.reduce.op);
-    ctx_.rail->run("the rail ReduceScatter", args.deadline, [&](ncclComm_t comm) {
-      return ncclReduceScatter(partials, args.out, args.count, type, op, comm, s);
-    });
+    if (pipelined) {
+      cudaCheck(cudaEventRecord(chunk_events_[chunks], railStream()), "cudaEventRecord");
+      cudaCheck(cudaStreamWaitEvent(s, chunk_events_[chunks], 0), "cudaStreamWaitEvent");
+    } else {
+      // Rail: reduce-scatter of the partials (member m's block is m's output).
+      ctx_.rail->run("the rail ReduceScatter", args.deadline, [&](ncclComm_t comm) {
+        return ncclReduceScatter(partials, args.out, args.count, type, op, comm, s);
+      });
+    }
     launchFinalize(args.reduce, args.out, args.count, Sources::kPartials, ctx_.config.cuda_reduce_blocks, s);
   }
 
