@@ -66,10 +66,18 @@ CudaCommunicator::CudaCommunicator(
     *sync_words_ = SyncWords{};
     SyncWords* dev = nullptr;
     cudaCheck(cudaHostGetDevicePointer(reinterpret_cast<void**>(&dev), sync_words_, 0), "cudaHostGetDevicePointer");
+    ExchangeFlags flags;
+    flags.counter = sync_counter_;
+    flags.words = dev;
+    flags.timeout_ns = static_cast<uint64_t>(timeout.count()) * 1000000ull;
+    flags.local_size = topology.localSize();
+    flags.me = topology.myLocalRank();
+    for (int l = 0; l < flags.local_size; ++l) {
+      flags.ready[l] = ipc_->readyFlag(l);
+      flags.done[l] = ipc_->doneFlag(l);
+    }
     c.device_sync = true;
-    c.sync_counter = sync_counter_;
-    c.sync_words = dev;
-    c.sync_timeout_ns = static_cast<uint64_t>(timeout.count()) * 1000000ull;
+    c.sync_steps = exchangeSteps(flags);
   }
   if (plan_.mode == DeviceMode::kRails) {
     const int l = topology.myLocalRank();

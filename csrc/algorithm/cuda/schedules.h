@@ -38,12 +38,11 @@ struct DeviceContext {
   Communicator* host = nullptr;
   DeviceMemory* memory = nullptr;
   // SMDDP_CUDA_SYNC=device: the node's ranks meet through flags on the GPU
-  // (device_sync.h): this rank's counter, the host words of its waits, and
-  // how long a wait may last.
+  // (device_sync.h). Every exchange runs the same three steps (this rank's
+  // counter, the node's flags, the device's view of the host words, how
+  // long a wait may last), made once with the communicator.
   bool device_sync = false;
-  uint64_t* sync_counter = nullptr;
-  SyncWords* sync_words = nullptr;  // the device's view
-  uint64_t sync_timeout_ns = 0;
+  ExchangeSteps sync_steps;
 };
 
 class Schedule {

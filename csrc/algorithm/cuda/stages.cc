@@ -85,28 +85,16 @@ void exchangeOnDevice(
     bool first,
     const std::function<void()>& fill,
     const std::function<void()>& consume) {
-  const int me = ctx.topo.myLocalRank();
   if (first) {
     // The host checks once per call that every rank makes the same call.
     ctx.node->round(args.deadline);
     protocol::verifyCall(*ctx.arena, args);
   }
-  ExchangeFlags flags;
-  flags.counter = ctx.sync_counter;
-  flags.words = ctx.sync_words;
-  flags.timeout_ns = ctx.sync_timeout_ns;
-  flags.local_size = ctx.topo.localSize();
-  flags.me = me;
-  for (int l = 0; l < flags.local_size; ++l) {
-    flags.ready[l] = ctx.ipc->readyFlag(l);
-    flags.done[l] = ctx.ipc->doneFlag(l);
-  }
-  const ExchangeSteps steps = exchangeSteps(flags);
-  launchSyncStep(steps.before, s);
+  launchSyncStep(ctx.sync_steps.before, s);
   fill();
-  launchSyncStep(steps.between, s);
+  launchSyncStep(ctx.sync_steps.between, s);
   consume();
-  launchSyncStep(steps.after, s);
+  launchSyncStep(ctx.sync_steps.after, s);
 }
 
 } // namespace
