@@ -172,7 +172,7 @@ def case_huge_pages() -> list[str]:
 
     def short(what: str, t: torch.Tensor) -> None:
         said = f"{what} has {_huge_bytes(t)} of {t.numel() * 4} bytes in huge pages"
-        # smddp's fault only where the kernel gives a control of the same size them.
+        # smddp's fault only where the kernel gives a control buffer of the same size huge pages.
         bad.append(said if maps.kernel_supplies(t.numel() * 4) else NO_SUPPLY + said)
 
     # auto: written buffers, reused.

@@ -131,9 +131,11 @@ def unavailable_reason(probe: bool = True) -> str | None:
     return None
 
 
-def _available_congestion() -> list[str] | None:
+def _congestion_list(which: str) -> list[str] | None:
+    """This machine's net.ipv4.tcp_{which}_congestion_control (available,
+    allowed), or None where it cannot be read."""
     try:
-        with open("/proc/sys/net/ipv4/tcp_available_congestion_control") as f:
+        with open(f"/proc/sys/net/ipv4/tcp_{which}_congestion_control") as f:
             return f.read().split()
     except OSError:
         return None
@@ -210,7 +212,7 @@ class Cluster:
             raise ClusterError(f"--nics {nics}: use 1..{MAX_NICS}")
         if not 1280 <= mtu <= 65535:
             raise ClusterError(f"--mtu {mtu}: use 1280..65535 (9000 is the jumbo MTU of EFA and most clusters)")
-        available = _available_congestion()
+        available = _congestion_list("available")
         if tcp_congestion != "system" and available is not None and tcp_congestion not in available:
             raise ClusterError(
                 f"--tcp-congestion {tcp_congestion}: this kernel has {' '.join(available)}; load it "
@@ -444,7 +446,7 @@ class Cluster:
                 # A namespace may choose only among the algorithms the machine
                 # allows; the hosts then keep the machine's default, and
                 # describe() says which.
-                allowed = _sh(["cat", "/proc/sys/net/ipv4/tcp_allowed_congestion_control"]).stdout.split()
+                allowed = _congestion_list("allowed") or []
                 print(
                     f"smddp-cluster: the hosts keep this machine's TCP congestion control: a network "
                     f"namespace may choose only among net.ipv4.tcp_allowed_congestion_control "
