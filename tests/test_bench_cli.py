@@ -367,6 +367,12 @@ def test_backends_with_a_schedule() -> None:
         parse_backends("gloo:ring", "cpu")
     with pytest.raises(ValueError, match="listed twice"):
         parse_backends("smddp:ring,smddp:ring", "cpu")
+    # The CUDA paths, compared the same way (bench/gpu_collectives.py).
+    assert parse_backends("smddp:staged,smddp:zero-copy", "cpu") == ("smddp:staged", "smddp:zero-copy")
+    from smddp.bench.sweep import SMDDP_VARIANTS
+
+    assert SMDDP_VARIANTS["zero-copy"] == {"SMDDP_CUDA_ZERO_COPY": "1"}
+    assert SMDDP_VARIANTS["staged"] == {"SMDDP_CUDA_ZERO_COPY": "0"}
 
 
 @pytest.mark.parametrize("op", ["all_gather", "reduce_scatter"])

@@ -296,3 +296,36 @@ def test_render_rewrites_marked_tables_and_checks_them(tmp_path, capsys):
     assert render.main(["--check", str(doc)]) == 1
     doc.write_text(marked.replace("s.json", "missing.json") + "<!-- /smddp-bench:table -->\n")
     assert render.main(["--check", str(doc)]) == 2
+
+
+def test_the_gpu_floor_moves_what_the_zero_copy_path_moves(tmp_path):
+    """bench/gpu_collectives.py's floor (one process, the same copies and
+    reductions) on CPU tensors: the bytes of each op's plan are the zero-copy
+    schedule's, and every point of a record gets its floor and each path's
+    ratio to it."""
+    sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "bench"))
+    try:
+        import gpu_collectives as g
+    finally:
+        sys.path.pop(0)
+    # world 4, count 1000: AllGather copies 16 inputs; ReduceScatter reduces
+    # 4 sources into 4 blocks; AllReduce reduces 250-element slices, then
+    # copies the 3 others' slices on every rank.
+    assert g.floor_plan("all_gather", 1000, 4) == [("copy", 1000, 16)]
+    assert g.floor_plan("reduce_scatter", 1000, 4) == [("reduce", 1000, 4)] * 4
+    assert g.floor_plan("all_reduce", 1000, 4) == [("reduce", 250, 4)] * 4 + [("copy", 250, 12)]
+    res = timing.Result(samples=[2e-3, 2e-3], iters=2)
+    points = [record.point(b, op, "float32", "sum", 2, 1 << 16, res, "ok")
+              for b in g.BACKENDS.split(",") for op in ("all_gather", "reduce_scatter", "all_reduce")]  # fmt: skip
+    points[-1] = record.point("smddp:zero-copy", "all_reduce", "float32", "sum", 2, 1 << 16, status="timeout")
+    path = str(tmp_path / "c.json")
+    record.write(record.new("sweep", ["gpu_collectives.py"], {}, results=points), path)
+    lines = g.add_floor(path, 3, device="cpu")
+    floor = json.loads(open(path).read())["floor"]
+    assert [r["op"] for r in floor] == ["all_gather", "reduce_scatter", "all_reduce"]
+    for r in floor:
+        assert r["floor_us"] > 0
+        ratios = r["time_over_floor"]
+        assert ratios["smddp:staged"] == pytest.approx(2e-3 / (r["floor_us"] * 1e-6))
+    assert floor[-1]["time_over_floor"]["smddp:zero-copy"] is None
+    assert "the floor" in lines[1] and len(lines) == 4 + 3 and "n/a" in lines[-1]

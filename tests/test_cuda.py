@@ -185,6 +185,84 @@ def test_cuda_rails(pools):
             assert failures == [], f"SMDDP_CUDA_PIPELINE={pipeline}"
 
 
+def case_zero_copy_buffers(n: int) -> list[str]:
+    """The mapped tensors changing under the cache: tensors carved at several
+    offsets of one segment, a segment freed (empty_cache) and its addresses
+    handed to new tensors, and the in-place forms FSDP uses (the input a view
+    of the AllGather's output, AllReduce in place)."""
+    rank, world = dist.get_rank(), dist.get_world_size()
+    dev = _device()
+    failures = []
+    for round_ in range(4):
+        salt = 100 * round_
+        big = torch.empty(4 * n + 64, device=dev)
+        for k in range(3):
+            part = big[k * (n + 16):k * (n + 16) + n]
+            part.copy_(_input(rank, n, torch.float32, dev, salt=salt + k))
+            out = torch.full((n * world,), float("nan"), device=dev)
+            dist.all_gather_into_tensor(out, part)
+            want = torch.cat([_input(r, n, torch.float32, dev, salt=salt + k) for r in range(world)])
+            if not torch.equal(out, want):
+                failures.append(f"round {round_}: all_gather from offset {k * (n + 16)} of a segment")
+        # In place: this rank's input is its block of the output.
+        out = torch.full((n * world,), float("nan"), device=dev)
+        out[rank * n:(rank + 1) * n].copy_(_input(rank, n, torch.float32, dev, salt=salt))
+        dist.all_gather_into_tensor(out, out[rank * n:(rank + 1) * n])
+        if not torch.equal(out, torch.cat([_input(r, n, torch.float32, dev, salt=salt) for r in range(world)])):
+            failures.append(f"round {round_}: in-place all_gather")
+        t = _input(rank, n, torch.float32, dev, salt=salt + 1)
+        dist.all_reduce(t)
+        _want = _reference([_input(r, n, torch.float32, dev, salt=salt + 1) for r in range(world)], "SUM", 1.0)
+        try:
+            _close(t, _want.float(), torch.float32, f"round {round_}: in-place all_reduce")
+        except AssertionError as e:
+            failures.append(str(e))
+        inp = _input(rank, n * world, torch.float32, dev, salt=salt + 2)
+        o = torch.empty(n, device=dev)
+        dist.reduce_scatter_tensor(o, inp)
+        _want = _reference([_input(r, n * world, torch.float32, dev, salt=salt + 2) for r in range(world)], "SUM", 1.0)
+        try:
+            _close(o, _want[rank * n:(rank + 1) * n].float(), torch.float32, f"round {round_}: reduce_scatter")
+        except AssertionError as e:
+            failures.append(str(e))
+        # Free everything: the next round's tensors get the same addresses in
+        # new allocations, which the peers' cached mappings must not show.
+        del big, part, out, t, inp, o
+        torch.cuda.synchronize()
+        torch.cuda.empty_cache()
+    return failures
+
+
+@pytest.mark.timeout(300)
+def test_cuda_zero_copy(pools):
+    """SMDDP_CUDA_ZERO_COPY=1: the same references as the staged path, the same
+    AllReduce bits, tensors whose segments are freed and reused between calls;
+    with torch's expandable segments (no legacy IPC) and under graph capture
+    the calls go through the staging buffers and stay right."""
+    if not torch.cuda.is_available():
+        pytest.skip("no GPU")
+    per_gpu = max(1, 4 // torch.cuda.device_count())
+    common = {"SMDDP_CUDA_RANKS_PER_GPU": str(per_gpu), "SMDDP_CUDA_STAGING_BYTES": "1M"}
+    zero = pools(4, SMDDP_CUDA_ZERO_COPY="1", **common)
+    for failures in zero.run(case_collectives, [0, 7, 4099, (1 << 20) + 3], timeout=150):
+        assert failures == []
+    for failures in zero.run(case_zero_copy_buffers, (1 << 18) + 5, timeout=150):
+        assert failures == []
+    sizes = [4099, (1 << 20) + 3]
+    assert zero.run(case_allreduce_bits, sizes, timeout=120) == pools(4, **common).run(
+        case_allreduce_bits, sizes, timeout=120), "zero-copy AllReduce gives other bits than the staged one"
+    expandable = pools(2, SMDDP_CUDA_ZERO_COPY="1", PYTORCH_CUDA_ALLOC_CONF="expandable_segments:True",
+                       SMDDP_CUDA_RANKS_PER_GPU=str(max(1, 2 // torch.cuda.device_count())))
+    for failures in expandable.run(case_collectives, [7, (1 << 20) + 3], timeout=150):
+        assert failures == []
+    per_gpu = max(1, 2 // torch.cuda.device_count())
+    graph = pools(2, SMDDP_CUDA_RANKS_PER_GPU=str(per_gpu), SMDDP_CUDA_SYNC="device", SMDDP_CUDA_ZERO_COPY="1")
+    for failures in graph.run(case_zero_copy_buffers, 4099, timeout=150):
+        assert failures == []
+    for failures in graph.run(case_graph_capture, timeout=120):
+        assert failures == []
+
+
 # ---------------------------------------------------------------- lifecycle and failures
 
 
@@ -421,3 +499,4 @@ def test_cuda_graph_capture(pools):
     pool = pools(2, SMDDP_CUDA_RANKS_PER_GPU=str(per_gpu), SMDDP_CUDA_SYNC="device")
     for failures in pool.run(case_graph_capture, timeout=120):
         assert failures == []
+

@@ -384,16 +384,20 @@ def test_the_bench_summaries_read_the_records_the_benches_write(tmp_path):
     record's layout fails here, not on the device."""
     from smddp.bench import record, timing
 
-    points = [record.point("smddp", op, "float32", "sum", 2, size, timing.Result(samples=[1e-3, 2e-3], iters=2))
-              for op in ("all_gather", "all_reduce") for size in (1 << 20, 16 << 20)]
-    points.append(record.point("smddp", "reduce_scatter", "float32", "sum", 2, 1 << 20, status="timeout"))
-    points[1]["wrong"] = 3
+    points = [record.point(b, op, "float32", "sum", 2, size, timing.Result(samples=[1e-3, 2e-3], iters=2))
+              for op in ("all_gather", "all_reduce") for size in (1 << 20, 16 << 20)
+              for b in ("smddp:staged", "smddp:zero-copy")]  # fmt: skip
+    points.append(record.point("smddp:staged", "reduce_scatter", "float32", "sum", 2, 1 << 20, status="timeout"))
+    points[2]["wrong"] = 3
     rec = record.new("sweep", ["smddp-bench"], {}, results=points)
+    rec["floor"] = [{"op": "all_gather", "size_bytes": 16 << 20, "time_over_floor": {"smddp:zero-copy": 1.25}}]
     record.write(rec, str(tmp_path / "c.json"))
     line = gpu_check._collectives_reason(str(tmp_path / "c.json"))
     assert line is not None
-    assert "all_gather 16 MiB busbw" in line and "WRONG" in line.split(";")[0], line
-    assert "all_reduce 16 MiB busbw" in line and "reduce_scatter 1 MiB timeout" in line, line
+    first = line.split(";")[0]
+    assert first.startswith("all_gather 16 MiB: smddp:staged busbw") and "WRONG" in first, line
+    assert "smddp:zero-copy busbw" in first and "(1.25x the floor)" in first, line
+    assert "all_reduce 16 MiB: smddp:staged busbw" in line and "reduce_scatter 1 MiB: smddp:staged timeout" in line
     rows = [{"dtype": "float32", "bytes": b, "offset": off, "copy_gbps": 3000.0, "blocks": 32,
              "reduce_gbps": 3000.0 * ratio, "ratio": ratio}
             for b, off, ratio in ((1 << 26, 0, 0.5), (1 << 28, 0, 0.8), (1 << 28, 1, 0.9))]  # fmt: skip

@@ -695,20 +695,29 @@ def _kernel_bench_reason(path: str) -> str | None:
 
 
 def _collectives_reason(path: str) -> str | None:
-    """The busbw of each op at its largest size (a sweep record's points)."""
+    """The busbw of each op and backend at the op's largest size (a sweep
+    record's points), and the time over the one-process floor where the
+    record has one (bench/gpu_collectives.py)."""
     try:
         with open(path) as f:
-            points = json.load(f)["results"]
-        biggest = {}
+            rec = json.load(f)
+        points = rec["results"]
+        largest = {}
         for r in points:
-            if r["op"] not in biggest or r["size_bytes"] > biggest[r["op"]]["size_bytes"]:
-                biggest[r["op"]] = r
-        return "; ".join(
-            f"{op} {r['size_bytes'] >> 20} MiB "
-            + (f"busbw {r['busbw_gbs']:.0f} GB/s{' WRONG' if r.get('wrong') else ''}" if "busbw_gbs" in r
-               else r["status"] + (f" ({r['note']})" if r.get("note") else ""))
-            for op, r in biggest.items()) or None  # fmt: skip
-    except (OSError, ValueError, KeyError, TypeError):
+            largest[r["op"]] = max(largest.get(r["op"], 0), r["size_bytes"])
+        floor = {(f["op"], f["size_bytes"]): f["time_over_floor"] for f in rec.get("floor", [])}
+        parts = []
+        for op, size in largest.items():
+            cells = []
+            for r in (r for r in points if r["op"] == op and r["size_bytes"] == size):
+                over = floor.get((op, size), {}).get(r["backend"])
+                cells.append(f"{r['backend']} " + (
+                    f"busbw {r['busbw_gbs']:.0f} GB/s{' WRONG' if r.get('wrong') else ''}"
+                    + (f" ({over:.2f}x the floor)" if over else "") if "busbw_gbs" in r
+                    else r["status"] + (f" ({r['note']})" if r.get("note") else "")))  # fmt: skip
+            parts.append(f"{op} {size >> 20} MiB: " + ", ".join(cells))
+        return "; ".join(parts) or None
+    except (OSError, ValueError, KeyError, TypeError, AttributeError):
         return None
 
 
@@ -755,8 +764,8 @@ STEPS = [
     Step("tests", step_tests, cap_s=200, min_s=60, gpu=True, needs=("import",), doc="each GPU test id alone"),
     Step("bench-kernels", step_bench_kernels, cap_s=60, min_s=30, gpu=True, needs=("import",),
          doc="bench/gpu_kernels.py"),
-    Step("bench-collectives", step_bench_collectives, cap_s=90, min_s=45, gpu=True, needs=("import",),
-         doc="bench/gpu_collectives.py --nproc 2"),
+    Step("bench-collectives", step_bench_collectives, cap_s=120, min_s=45, gpu=True, needs=("import",),
+         doc="bench/gpu_collectives.py --nproc 2 (staged and zero-copy)"),
     Step("bench-latency", step_bench_latency, cap_s=90, min_s=20, gpu=True, needs=("import",),
          doc="bench/gpu_latency.py --nproc 2"),
 ]

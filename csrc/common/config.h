@@ -160,6 +160,13 @@ constexpr int kYieldUsOversubscribed = 2000;
     "needs (and the reverse), so that one chunk crosses the node while "     \
     "another is on the network (0: the whole rail stage and the whole node " \
     "stage one after the other, on the collective's stream).")               \
+  X(cuda_zero_copy, "SMDDP_CUDA_ZERO_COPY", true, bool, "0", "",                      \
+    "One-node CUDA AllGather, ReduceScatter and AllReduce: the node's ranks "  \
+    "map each other's tensors (CUDA IPC of the caching allocator's segments, " \
+    "cached per segment) and read them directly, without the staging copies; " \
+    "a call whose tensors cannot be mapped (torch's expandable segments, a "  \
+    "graph being captured) goes through the staging buffers (0: always "      \
+    "staged).")                                                                \
   X(debug_dump, "SMDDP_DEBUG_DUMP", false, string, "", "",                            \
     "Path prefix of a dump of each rank's last collectives (op, size, sequence " \
     "number, state, times), written to <prefix>.<group>.<rank>.json when a "     \
@@ -192,6 +199,7 @@ struct Config {
   bool cuda_batch_copies = false;
   size_t cuda_oneshot_bytes = 0;
   bool cuda_pipeline = false;
+  bool cuda_zero_copy = false;
   std::string debug_dump;
 
   // Not knobs: how many ranks of the job run on this host and the fewest

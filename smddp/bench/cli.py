@@ -31,9 +31,6 @@ TIMING_OPTIONS = ("policy", "warmup", "block_warmup", "iters", "time_per_point",
                   "max_iters", "rounds")  # fmt: skip
 
 _KNOWN_BACKENDS = ("smddp", "gloo", "nccl", "ucc", "mpi", "xccl")
-# smddp:ring, smddp:hierarchical: smddp with SMDDP_ALGO set for that group,
-# so that schedules are compared interleaved in one run.
-SMDDP_ALGOS = ("auto", "ring", "hierarchical")
 
 
 def parse_backends(text: str, device: str) -> tuple[str, ...]:
@@ -41,12 +38,12 @@ def parse_backends(text: str, device: str) -> tuple[str, ...]:
     if not names:
         raise ValueError("no backend given")
     for n in names:
-        base, colon, algo = n.partition(":")
+        base, colon, variant = n.partition(":")
         if base not in _KNOWN_BACKENDS:
             raise ValueError(f"unknown backend {n!r} (choose from {', '.join(_KNOWN_BACKENDS)})")
-        if colon and (base != "smddp" or algo not in SMDDP_ALGOS):
-            raise ValueError(f"unknown backend {n!r}: a schedule is chosen as smddp:ring, "
-                             "smddp:hierarchical or smddp:auto")  # fmt: skip
+        if colon and (base != "smddp" or variant not in sweep.SMDDP_VARIANTS):
+            raise ValueError(f"unknown backend {n!r}: a variant of smddp is one of "
+                             + ", ".join(f"smddp:{v}" for v in sweep.SMDDP_VARIANTS))  # fmt: skip
     import torch.distributed as dist
 
     for n in names:

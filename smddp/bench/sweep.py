@@ -261,11 +261,19 @@ def _tqdm() -> Any:
     return tqdm
 
 
+# smddp:ring, smddp:hierarchical: smddp with SMDDP_ALGO set for that group;
+# smddp:zero-copy, smddp:staged: with SMDDP_CUDA_ZERO_COPY on or off; so that
+# schedules and paths are compared interleaved in one run.
+SMDDP_VARIANTS = {"auto": {"SMDDP_ALGO": "auto"}, "ring": {"SMDDP_ALGO": "ring"},
+                  "hierarchical": {"SMDDP_ALGO": "hierarchical"}, "zero-copy": {"SMDDP_CUDA_ZERO_COPY": "1"},
+                  "staged": {"SMDDP_CUDA_ZERO_COPY": "0"}}  # fmt: skip
+
+
 def new_group(name: str, timeout: Any) -> Any:
     """The group of one backend column; "smddp:ring" is smddp with SMDDP_ALGO=ring
     (a group reads the SMDDP_* variables when it is created)."""
-    base, _, algo = name.partition(":")
-    with launch.environ({"SMDDP_ALGO": algo} if algo else {}):
+    base, _, variant = name.partition(":")
+    with launch.environ(SMDDP_VARIANTS[variant] if variant else {}):
         return dist.new_group(backend=base, timeout=timeout)
 
 

@@ -88,6 +88,13 @@ CudaCommunicator::CudaCommunicator(
     c.rail = rail_.get();
     schedule_ = makeRailsSchedule(c);
   } else {
+    if (config.cuda_zero_copy) {
+      // A training step's buffers are few (FSDP's persistent ones, the
+      // gradients' segments); the bound frees what peers no longer use.
+      constexpr size_t kMappingsPerPeer = 32;
+      buffers_ = std::make_unique<transport::IpcBuffers>(device, topology.localSize(), kMappingsPerPeer);
+      c.buffers = buffers_.get();
+    }
     schedule_ = makeNodeSchedule(c);
   }
   SMDDP_LOG(kInfo, "rank ", topology.rank(), " cuda:", device, ": ", describe());
@@ -99,6 +106,9 @@ CudaCommunicator::~CudaCommunicator() {
   if (ipc_) {
     // Peers free their exports only after everybody closed them.
     ipc_->closeImports();
+    if (buffers_) {
+      buffers_->closeAll();
+    }
     if (!aborted_.load() && node_) {
       try {
         node_->round(Deadline::after(std::min<std::chrono::milliseconds>(timeout_, kTeardownBound)));
@@ -122,7 +132,8 @@ CudaCommunicator::~CudaCommunicator() {
 std::string CudaCommunicator::describe() const {
   switch (plan_.mode) {
     case DeviceMode::kNode:
-      return str("cuda ipc (", ctx_->device_sync ? "device" : "host", " sync), ", ctx_->topo.describe());
+      return str("cuda ipc (", ctx_->device_sync ? "device" : "host", " sync", buffers_ ? ", zero-copy" : "", "), ",
+                 ctx_->topo.describe());
     case DeviceMode::kRails:
       return str("cuda ipc in nodes, nccl rails, ", ctx_->topo.describe());
     case DeviceMode::kHostStaging:

@@ -7,7 +7,9 @@
 //                 (AllGather, Broadcast: copy engines again, no SMs) or
 //                 reduce from it directly over NVLink (ReduceScatter,
 //                 AllReduce: device_reduce.h with few blocks). Large calls
-//                 go through the staging buffers in chunks.
+//                 go through the staging buffers in chunks. With
+//                 SMDDP_CUDA_ZERO_COPY the peers map the tensors themselves
+//                 (transport/cuda/ipc_buffers.h) and skip the staging.
 //   rails         (uniform nodes, a GPU per rank) the hierarchical schedules
 //                 with the rail stage on NCCL and the node stage on IPC.
 //   host staging  (anything else) pinned host memory and the group's CPU
@@ -20,7 +22,8 @@
 // host-staging path.
 //
 // Teardown (the destructor, after the caller has synchronized the stream):
-// the node's ranks close each other's IPC mappings, meet once, and only then
+// the node's ranks close each other's IPC mappings (staging buffers, mapped
+// tensors), meet once, and only then
 // free their own exports; NCCL rails are finalized, or aborted when a peer
 // does not finish its teardown.
 //
@@ -41,6 +44,7 @@
 #include "algorithm/device_setup.h"
 #include "algorithm/node_collectives.h"
 #include "transport/cuda/ipc_arena.h"
+#include "transport/cuda/ipc_buffers.h"
 #include "transport/cuda/nccl_rail.h"
 #include "transport/shm/node_arena.h"
 
@@ -94,6 +98,7 @@ class CudaCommunicator {
   std::unique_ptr<NodeCollectives> node_;
   std::unique_ptr<transport::CudaIpcArena> ipc_;
   std::unique_ptr<transport::NcclRail> rail_;
+  std::unique_ptr<transport::IpcBuffers> buffers_;
   std::unique_ptr<Schedule> schedule_;
   // SMDDP_CUDA_SYNC=device: the counter (device memory) and the words of
   // the waits (pinned host memory mapped into the device).

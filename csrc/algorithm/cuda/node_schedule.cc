@@ -8,10 +8,21 @@
 //   AllReduce:           per chunk, rank r reduces its slice from every stage
 //                        into its stage's result half; then every rank
 //                        copies all result slices
+//
+// With SMDDP_CUDA_ZERO_COPY the peers map each other's tensors instead, and
+// each step is one pass over the whole message, without staging copies:
+//   AllGather            rank r copies every peer's input into out
+//   ReduceScatter        rank r reduces block r of every peer's input
+//   AllReduce            rank r reduces its slice of every peer's input into
+//                        its output; then copies every peer's output slice
+// (every rank's inputs and outputs mapped; each element reduced in local rank
+// order, as on the staged path, so the bits are the same).
 #include <algorithm>
+#include <functional>
 
 #include "algorithm/cuda/device_reduce.h"
 #include "algorithm/cuda/schedules.h"
+#include "algorithm/device_plan.h"
 #include "algorithm/ring.h"
 
 namespace smddp::algorithm::cuda {
@@ -29,14 +40,31 @@ class NodeSchedule : public Schedule {
     const size_t S = ctx_.ipc->stagingBytes();
     auto* out = static_cast<uint8_t*>(args.out);
     const auto* in = static_cast<const uint8_t*>(args.in);
-    openDeviceCall(ctx_, args);
+    MappedCall call;
+    const bool opened = ctx_.buffers != nullptr;
+    if (opened && openMappedCall(ctx_, args, s, b, 0, &call)) {
+      mappedStep(ctx_, args, s, true, [&] {
+        std::vector<void*> dsts;
+        std::vector<const void*> srcs;
+        for (int k = 0; k < L; ++k) {
+          const int l = (me + k) % L;
+          dsts.push_back(out + static_cast<size_t>(l) * b);
+          srcs.push_back(call.in[static_cast<size_t>(l)]);
+        }
+        copyBatch(ctx_, dsts, srcs, std::vector<size_t>(dsts.size(), b), s);
+      });
+      return;
+    }
+    if (!opened) {
+      openDeviceCall(ctx_, args);
+    }
     copyAsync(out + static_cast<size_t>(me) * b, in, b, s);
     const size_t chunks = chunkCount(b, S);
     for (size_t c = 0; c < chunks; ++c) {
       const size_t off = c * S;
       const size_t n = chunkLen(b, S, c);
       exchange(
-          ctx_, args, s, c == 0, [&] { copyAsync(ctx_.ipc->staging(me), in + off, n, s); },
+          ctx_, args, s, c == 0 && !opened, [&] { copyAsync(ctx_.ipc->staging(me), in + off, n, s); },
           [&] {
             std::vector<void*> dsts;
             std::vector<const void*> srcs;
@@ -58,13 +86,28 @@ class NodeSchedule : public Schedule {
     const auto* in = static_cast<const uint8_t*>(args.in);
     auto* out = static_cast<uint8_t*>(args.out);
     std::vector<const void*> srcs(static_cast<size_t>(L));
-    openDeviceCall(ctx_, args);
+    MappedCall call;
+    const size_t block = args.count * es;
+    const bool opened = ctx_.buffers != nullptr;
+    if (opened && openMappedCall(ctx_, args, s, block * static_cast<size_t>(L), 0, &call)) {
+      mappedStep(ctx_, args, s, true, [&] {
+        for (int l = 0; l < L; ++l) {
+          srcs[static_cast<size_t>(l)] = call.in[static_cast<size_t>(l)] + static_cast<size_t>(me) * block;
+        }
+        launchReduce(args.reduce, out, srcs.data(), L, args.count, Sources::kInputs, Result::kFinal,
+                     ctx_.config.cuda_reduce_blocks, s);
+      });
+      return;
+    }
+    if (!opened) {
+      openDeviceCall(ctx_, args);
+    }
     const size_t chunks = chunkCount(args.count, ce);
     for (size_t c = 0; c < chunks; ++c) {
       const size_t off = c * ce;
       const size_t n = chunkLen(args.count, ce, c);
       exchange(
-          ctx_, args, s, c == 0,
+          ctx_, args, s, c == 0 && !opened,
           [&] {
             copyRows(ctx_, ctx_.ipc->staging(me), ce * es, in + off * es, args.count * es, n * es,
                      static_cast<size_t>(L), s);
@@ -87,9 +130,15 @@ class NodeSchedule : public Schedule {
     const size_t bytes = args.count * args.elemSize();
     if (bytes <= ctx_.config.cuda_oneshot_bytes && bytes <= ctx_.ipc->stagingBytes()) {
       oneShotAllReduce(ctx_, args, s, reduce);
-    } else {
-      slicedAllReduce(ctx_, args, s, reduce);
+      return;
     }
+    MappedCall call;
+    const bool opened = ctx_.buffers != nullptr;
+    if (opened && openMappedCall(ctx_, args, s, bytes, bytes, &call)) {
+      mappedAllReduce(args, s, call, reduce);
+      return;
+    }
+    slicedAllReduce(ctx_, args, s, reduce, opened);
   }
 
   void broadcast(const OpArgs& args, cudaStream_t s) override {
@@ -99,6 +148,40 @@ class NodeSchedule : public Schedule {
   }
 
  private:
+  void mappedAllReduce(
+      const OpArgs& args,
+      cudaStream_t s,
+      const MappedCall& call,
+      const std::function<void(const void* const*, uint8_t*, size_t)>& reduce) {
+    const int L = ctx_.topo.localSize();
+    const size_t me = static_cast<size_t>(ctx_.topo.myLocalRank());
+    const size_t es = args.elemSize();
+    const AlignedSlices slices{args.count, static_cast<size_t>(L), std::max<size_t>(1, 16 / es)};
+    const size_t b0 = slices.begin(me) * es;
+    std::vector<const void*> srcs(static_cast<size_t>(L));
+    // In place (in == out) too: rank r writes only slice r, which no peer
+    // reads in this step, and each element only after reading it.
+    mappedStep(ctx_, args, s, true, [&] {
+      for (size_t l = 0; l < srcs.size(); ++l) {
+        srcs[l] = call.in[l] + b0;
+      }
+      reduce(srcs.data(), call.out[me] + b0, slices.size(me));
+    });
+    mappedStep(ctx_, args, s, false, [&] {
+      std::vector<void*> dsts;
+      std::vector<const void*> from;
+      std::vector<size_t> sizes;
+      for (size_t l = 0; l < srcs.size(); ++l) {
+        if (l != me) {
+          dsts.push_back(call.out[me] + slices.begin(l) * es);
+          from.push_back(call.out[l] + slices.begin(l) * es);
+          sizes.push_back(slices.size(l) * es);
+        }
+      }
+      copyBatch(ctx_, dsts, from, sizes, s);
+    });
+  }
+
   DeviceContext& ctx_;
 };
 

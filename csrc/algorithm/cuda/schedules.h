@@ -18,6 +18,7 @@
 #include "common/config.h"
 #include "topology/topology.h"
 #include "transport/cuda/ipc_arena.h"
+#include "transport/cuda/ipc_buffers.h"
 #include "transport/cuda/nccl_rail.h"
 
 namespace smddp::algorithm::cuda {
@@ -43,6 +44,8 @@ struct DeviceContext {
   // long a wait may last), made once with the communicator.
   bool device_sync = false;
   ExchangeSteps sync_steps;
+  // SMDDP_CUDA_ZERO_COPY: the peers' own buffers, mapped (one node only).
+  transport::IpcBuffers* buffers = nullptr;
 };
 
 class Schedule {
@@ -101,17 +104,51 @@ void exchange(
     const std::function<void()>& fill,
     const std::function<void()>& consume);
 
+// ---- zero-copy (SMDDP_CUDA_ZERO_COPY): the peers read each other's tensors
+
+// Every local rank's buffers of a mapped call as this rank addresses them
+// (its own as they are).
+struct MappedCall {
+  std::vector<const uint8_t*> in;
+  std::vector<uint8_t*> out;  // empty unless the call maps outputs
+};
+
+// Opens a call that reads the peers' own buffers: publishes this rank's
+// input (`in_bytes` at args.in) and, with `out_bytes` > 0, its output, meets
+// the node once and checks the call. Returns true with every rank's buffers
+// in `call` when every rank's can be mapped; false when some rank's cannot
+// (an empty call, a graph being captured, torch's expandable segments): the
+// call is then open and checked, and goes through the staging buffers with
+// first=false in its first exchange.
+bool openMappedCall(
+    DeviceContext& ctx,
+    const OpArgs& args,
+    cudaStream_t s,
+    size_t in_bytes,
+    size_t out_bytes,
+    MappedCall* call);
+
+// One step of a mapped call: every rank's stream reaches it (the buffers it
+// published hold what the step reads), each runs `consume` on the mapped
+// buffers, and the step ends on every rank's stream only once every peer's
+// consume is done, so that a rank's buffers may change again after its last
+// step (the rule transport/peer_mappings.h relies on). `first`: the step
+// right after openMappedCall.
+void mappedStep(DeviceContext& ctx, const OpArgs& args, cudaStream_t s, bool first, const std::function<void()>& consume);
+
 // AllReduce through the staging buffers, chunk by chunk: each rank reduces
 // its slice of the chunk (16-byte aligned, so that the kernel reads vectors)
 // from every peer's stage into the result half of its own staging buffer,
 // with `reduceSlice(srcs, result, count)` (the node's kernel; for the rails
 // the kernel, the rail's AllReduce and AVG's division), then every rank
 // gathers every peer's result slice.
+// `opened`: openMappedCall opened the call already.
 void slicedAllReduce(
     DeviceContext& ctx,
     const OpArgs& args,
     cudaStream_t s,
-    const std::function<void(const void* const* srcs, uint8_t* result, size_t count)>& reduceSlice);
+    const std::function<void(const void* const* srcs, uint8_t* result, size_t count)>& reduceSlice,
+    bool opened = false);
 
 // AllReduce of a message that fits one staging buffer, in one exchange: each
 // rank stages its input and reduces every peer's whole stage into its output

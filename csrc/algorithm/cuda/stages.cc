@@ -1,9 +1,11 @@
 #include <algorithm>
+#include <cstring>
 
 #include "algorithm/cuda/schedules.h"
 #include "algorithm/device_plan.h"
 #include "algorithm/protocol.h"
 #include "common/error.h"
+#include "common/log.h"
 
 namespace smddp::algorithm::cuda {
 
@@ -138,7 +140,8 @@ void slicedAllReduce(
     DeviceContext& ctx,
     const OpArgs& args,
     cudaStream_t s,
-    const std::function<void(const void* const* srcs, uint8_t* result, size_t count)>& reduceSlice) {
+    const std::function<void(const void* const* srcs, uint8_t* result, size_t count)>& reduceSlice,
+    bool opened) {
   const int L = ctx.topo.localSize();
   const int me = ctx.topo.myLocalRank();
   const size_t es = args.elemSize();
@@ -147,7 +150,9 @@ void slicedAllReduce(
   const auto* in = static_cast<const uint8_t*>(args.in);
   auto* out = static_cast<uint8_t*>(args.out);
   std::vector<const void*> srcs(static_cast<size_t>(L));
-  openDeviceCall(ctx, args);
+  if (!opened) {
+    openDeviceCall(ctx, args);
+  }
   const size_t chunks = chunkCount(args.count, ce);
   for (size_t c = 0; c < chunks; ++c) {
     const size_t off = c * ce;
@@ -155,7 +160,7 @@ void slicedAllReduce(
     const AlignedSlices slices{n, static_cast<size_t>(L), std::max<size_t>(1, 16 / es)};
     const size_t b0 = slices.begin(static_cast<size_t>(me));
     exchange(
-        ctx, args, s, c == 0, [&] { copyAsync(ctx.ipc->staging(me), in + off * es, n * es, s); },
+        ctx, args, s, c == 0 && !opened, [&] { copyAsync(ctx.ipc->staging(me), in + off * es, n * es, s); },
         [&] {
           for (int l = 0; l < L; ++l) {
             srcs[static_cast<size_t>(l)] = ctx.ipc->staging(l) + b0 * es;
@@ -176,6 +181,108 @@ void slicedAllReduce(
           }
           copyBatch(ctx, dsts, from, sizes, s);
         });
+  }
+}
+
+bool openMappedCall(
+    DeviceContext& ctx,
+    const OpArgs& args,
+    cudaStream_t s,
+    size_t in_bytes,
+    size_t out_bytes,
+    MappedCall* call) {
+  const int L = ctx.topo.localSize();
+  const int me = ctx.topo.myLocalRank();
+  using transport::BufferRecord;
+  using transport::Unmappable;
+  BufferRecord mine[2];
+  mine[0] = ctx.buffers->describe(args.in, in_bytes, s);
+  if (out_bytes > 0) {
+    mine[1] = ctx.buffers->describe(args.out, out_bytes, s);
+  }
+  // The records travel in this rank's arena slot of the call's parity,
+  // which the CUDA path uses for nothing else.
+  SMDDP_ASSERT(ctx.arena->slotBytes() >= sizeof(mine), "(the arena's slots hold a call's buffer records)");
+  std::memcpy(ctx.arena->slot(me, static_cast<uint32_t>(args.seq & 1)), mine, sizeof(mine));
+  openDeviceCall(ctx, args);
+  if (!ctx.device_sync) {
+    // What this rank published is ready where its stream is now.
+    cudaCheck(cudaEventRecord(ctx.ipc->ready(me), s), "cudaEventRecord");
+  }
+  ctx.node->round(args.deadline);
+  protocol::verifyCall(*ctx.arena, args);
+  std::vector<BufferRecord> recs(static_cast<size_t>(2 * L));
+  for (int l = 0; l < L; ++l) {
+    std::memcpy(&recs[static_cast<size_t>(2 * l)], ctx.arena->slot(l, static_cast<uint32_t>(args.seq & 1)),
+                2 * sizeof(BufferRecord));
+    for (int k = 0; k < (out_bytes > 0 ? 2 : 1); ++k) {
+      const Unmappable why = recs[static_cast<size_t>(2 * l + k)].why;
+      if (why != Unmappable::kMappable) {
+        if (why != Unmappable::kEmpty) {
+          SMDDP_LOG(kDebug, collectiveName(args.kind), " #", args.seq, " is staged: local rank ", l, "'s ",
+                    k == 0 ? "input" : "output", " is ", transport::unmappableName(why));
+        }
+        return false;
+      }
+    }
+  }
+  call->in.assign(static_cast<size_t>(L), nullptr);
+  call->out.assign(out_bytes > 0 ? static_cast<size_t>(L) : 0, nullptr);
+  for (int l = 0; l < L; ++l) {
+    const size_t i = static_cast<size_t>(l);
+    if (l == me) {
+      call->in[i] = static_cast<const uint8_t*>(args.in);
+      if (out_bytes > 0) {
+        call->out[i] = static_cast<uint8_t*>(args.out);
+      }
+      continue;
+    }
+    try {
+      call->in[i] = ctx.buffers->map(l, recs[2 * i], in_bytes, s);
+      if (out_bytes > 0) {
+        call->out[i] = ctx.buffers->map(l, recs[2 * i + 1], out_bytes, s);
+      }
+    } catch (const Error& e) {
+      // The peers would wait for this rank's steps until their timeout.
+      const std::string why =
+          str(collectiveName(args.kind), " #", args.seq, ": rank ", ctx.topo.rank(), " could not map the buffer of ",
+              "local rank ", l, " (rank ", ctx.arena->groupRankOf(l), "): ", e.what(),
+              "; unset SMDDP_CUDA_ZERO_COPY to go through the staging buffers");
+      ctx.arena->abort(why);
+      SMDDP_THROW(kComm, why);
+    }
+  }
+  return true;
+}
+
+void mappedStep(DeviceContext& ctx, const OpArgs& args, cudaStream_t s, bool first, const std::function<void()>& consume) {
+  if (ctx.device_sync) {
+    launchSyncStep(ctx.sync_steps.before, s);
+    launchSyncStep(ctx.sync_steps.between, s);
+    consume();
+    launchSyncStep(ctx.sync_steps.after, s);
+    // The `before` of a next exchange: every peer's consume is done.
+    launchSyncStep(ctx.sync_steps.before, s);
+    return;
+  }
+  const int L = ctx.topo.localSize();
+  const int me = ctx.topo.myLocalRank();
+  if (!first) {
+    cudaCheck(cudaEventRecord(ctx.ipc->ready(me), s), "cudaEventRecord");
+    ctx.node->round(args.deadline);
+  }
+  for (int l = 0; l < L; ++l) {
+    if (l != me) {
+      cudaCheck(cudaStreamWaitEvent(s, ctx.ipc->ready(l), 0), "cudaStreamWaitEvent");
+    }
+  }
+  consume();
+  cudaCheck(cudaEventRecord(ctx.ipc->done(me), s), "cudaEventRecord");
+  ctx.node->round(args.deadline);
+  for (int l = 0; l < L; ++l) {
+    if (l != me) {
+      cudaCheck(cudaStreamWaitEvent(s, ctx.ipc->done(l), 0), "cudaStreamWaitEvent");
+    }
   }
 }
 
