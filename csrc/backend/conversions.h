@@ -3,7 +3,7 @@
 // One place for them, used by the backend and both extension modules.
 #pragma once
 
-#include <ATen/ATen.h>
+#include <ATen/core/Tensor.h>
 #include <torch/csrc/distributed/c10d/Types.hpp>
 
 #include <cstddef>

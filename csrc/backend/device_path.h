@@ -25,7 +25,7 @@
 // fails the collective's Work and makes the group unusable (on_failure).
 #pragma once
 
-#include <ATen/ATen.h>
+#include <ATen/core/Tensor.h>
 #include <torch/csrc/distributed/c10d/Store.hpp>
 
 #include <chrono>

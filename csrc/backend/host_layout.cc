@@ -1,6 +1,7 @@
 #include "backend/host_layout.h"
 
 #include <ATen/MemoryOverlap.h>
+#include <ATen/ops/empty.h>
 
 namespace smddp {
 

@@ -9,7 +9,7 @@
 // one's result. Contiguous tensors are used as they are, at no cost.
 #pragma once
 
-#include <ATen/ATen.h>
+#include <ATen/core/Tensor.h>
 
 #include <ostream>
 #include <vector>

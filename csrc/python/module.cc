@@ -4,7 +4,7 @@
 #include <pybind11/stl.h>
 #include <torch/csrc/distributed/c10d/Backend.hpp>
 #include <torch/csrc/utils/pybind.h>
-#include <torch/extension.h>
+#include <ATen/ops/empty_like.h>
 
 #include "algorithm/reduce.h"
 #include "backend/conversions.h"

@@ -2,7 +2,8 @@
 // is imported, see backend/device_path.h) and the device reduction kernel for
 // the kernel tests and benchmarks.
 #include <pybind11/stl.h>
-#include <torch/extension.h>
+#include <ATen/ops/empty_like.h>
+#include <torch/csrc/utils/pybind.h>
 
 #include <c10/cuda/CUDAGuard.h>
 #include <c10/cuda/CUDAStream.h>
