@@ -109,6 +109,11 @@ def _rank_main(rank, world, conn, env, init_file, backend, pg_timeout_s):  # pra
     except Exception:
         pass
     conn.send(("closed", None))
+    # The group is gone and the answer sent: what is left is the
+    # interpreter's teardown of torch, which only delays the next test.
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(0)
 
 
 class RankPool:
