@@ -127,8 +127,12 @@ c10::intrusive_ptr<::c10d::Backend> ProcessGroupSMDDP::fallback(c10::DeviceType 
 }
 
 std::string ProcessGroupSMDDP::describe() const {
-  return communicator_ ? communicator_->describe()
-                       : str("fallback only, ", topology_->describe());
+  std::string out = communicator_ ? communicator_->describe() : str("fallback only, ", topology_->describe());
+  std::lock_guard<std::mutex> lock(device_mu_);
+  if (device_) {
+    out += str("; ", device_->describe());
+  }
+  return out;
 }
 
 // ------------------------------------------------------------ plumbing

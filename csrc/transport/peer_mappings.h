@@ -14,13 +14,17 @@
 // The rules of the cache, per peer:
 //   - A record of a new id whose range overlaps a cached mapping means the
 //     peer freed that allocation (its addresses are in use again): the stale
-//     mapping is closed at once. That cannot race with reads of it: a rank
-//     frees memory only after its collectives on it are complete, and a
+//     mapping is closed at once, without waiting for this rank's work: a
+//     rank frees memory only after its collectives on it are complete, and a
 //     zero-copy collective completes only after every peer has read what it
 //     mapped of it (algorithm/cuda/schedules.h, mappedStep).
 //   - At most `capacity` mappings: past it the least recently used one is
 //     closed, after `quiesce` (this rank's enqueued reads of it may still
-//     run), so that memory a peer has freed is not held for ever.
+//     run).
+// CUDA leaves undefined an owner's free of memory a peer still maps (legacy
+// IPC counts no references), and these rules close a stale mapping only
+// after the free: so the owners' allocations must outlive the group's use
+// of them, which docs/cuda.md states as the knob's contract.
 //
 // Threading: one thread (the group's executor) uses a cache.
 #pragma once

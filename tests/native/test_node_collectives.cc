@@ -317,6 +317,30 @@ SMDDP_TEST(timeout_names_the_late_rank) {
   });
 }
 
+SMDDP_TEST(an_abort_message_reaches_every_peer_without_a_wait) {
+  // What a rank that fails between host rounds leaves for its peers (the
+  // CUDA watchdog reads it while the peers' streams wait on the GPU).
+  std::string dir = ::smddp::test::tempDir();
+  ::smddp::test::runRanks(2, [&](int rank) {
+    ::smddp::test::DirStore store(dir);
+    NodeArena arena(store, "arena", rank, iota(2), smallSlots());
+    NodeCollectives node(arena, configFor("auto"));
+    OpArgs a;
+    a.kind = CollectiveKind::kBarrier;
+    a.deadline = Deadline::after(std::chrono::seconds(10));
+    node.barrier(a);
+    EXPECT_EQ(arena.abortMessage(), std::string());
+    if (rank == 1) {
+      arena.abort("allgather #3 could not map the tensor of local rank 0");
+    }
+    const auto until = std::chrono::steady_clock::now() + std::chrono::seconds(10);
+    while (arena.abortMessage().empty() && std::chrono::steady_clock::now() < until) {
+      std::this_thread::sleep_for(std::chrono::milliseconds(1));
+    }
+    EXPECT_EQ(arena.abortMessage(), std::string("rank 1 failed: allgather #3 could not map the tensor of local rank 0"));
+  });
+}
+
 SMDDP_TEST(nothing_left_in_dev_shm) {
   int before = countShmEntries();
   std::string dir = ::smddp::test::tempDir();

@@ -132,8 +132,11 @@ CudaCommunicator::~CudaCommunicator() {
 std::string CudaCommunicator::describe() const {
   switch (plan_.mode) {
     case DeviceMode::kNode:
-      return str("cuda ipc (", ctx_->device_sync ? "device" : "host", " sync", buffers_ ? ", zero-copy" : "", "), ",
-                 ctx_->topo.describe());
+      return str("cuda ipc (", ctx_->device_sync ? "device" : "host", " sync",
+                 buffers_ ? str(", zero-copy: ", ctx_->mapped_calls.load(), " calls mapped, ", ctx_->staged_calls.load(),
+                                " staged")
+                          : std::string(),
+                 "), ", ctx_->topo.describe());
     case DeviceMode::kRails:
       return str("cuda ipc in nodes, nccl rails, ", ctx_->topo.describe());
     case DeviceMode::kHostStaging:
@@ -157,6 +160,15 @@ void CudaCommunicator::abort(const std::string& why) {
 }
 
 std::string CudaCommunicator::asyncError() {
+  if (arena_ && !aborted_.load()) {
+    // A rank that failed between the host rounds (device-side waits, or a
+    // zero-copy call that could not map a peer's buffer) aborted the arena;
+    // the peers' streams may be waiting for it on the GPU.
+    const std::string why = arena_->abortMessage();
+    if (!why.empty()) {
+      return str("cuda:", ctx_->device, ": the node's ranks stopped: ", why);
+    }
+  }
   if (sync_words_ != nullptr && !aborted_.load()) {
     const uint32_t error = reinterpret_cast<volatile SyncWords*>(sync_words_)->error;
     if (error == static_cast<uint32_t>(SyncEnd::kTimeout)) {

@@ -5,6 +5,7 @@
 
 #include <cuda_runtime.h>
 
+#include <atomic>
 #include <functional>
 #include <memory>
 #include <vector>
@@ -44,8 +45,13 @@ struct DeviceContext {
   // long a wait may last), made once with the communicator.
   bool device_sync = false;
   ExchangeSteps sync_steps;
-  // SMDDP_CUDA_ZERO_COPY: the peers' own buffers, mapped (one node only).
+  // SMDDP_CUDA_ZERO_COPY: the peers' own buffers, mapped (one node only);
+  // how many calls went through them and how many were staged (read by
+  // describe() from any thread).
   transport::IpcBuffers* buffers = nullptr;
+  std::atomic<uint64_t> mapped_calls{0};
+  std::atomic<uint64_t> staged_calls{0};
+  bool told_staged = false;
 };
 
 class Schedule {

@@ -196,9 +196,17 @@ bool openMappedCall(
   using transport::BufferRecord;
   using transport::Unmappable;
   BufferRecord mine[2];
-  mine[0] = ctx.buffers->describe(args.in, in_bytes, s);
-  if (out_bytes > 0) {
-    mine[1] = ctx.buffers->describe(args.out, out_bytes, s);
+  try {
+    mine[0] = ctx.buffers->describe(args.in, in_bytes, s);
+    if (out_bytes > 0) {
+      mine[1] = ctx.buffers->describe(args.out, out_bytes, s);
+    }
+  } catch (const Error& e) {
+    // The peers would wait in the round below until their timeout.
+    const std::string why = str(collectiveName(args.kind), " #", args.seq, " could not describe its tensors for the ",
+                                "node's peers: ", e.what(), "; unset SMDDP_CUDA_ZERO_COPY to go through the staging buffers");
+    ctx.arena->abort(why);
+    SMDDP_THROW(kComm, "rank ", ctx.topo.rank(), ": ", why);
   }
   // The records travel in this rank's arena slot of the call's parity,
   // which the CUDA path uses for nothing else.
@@ -219,9 +227,19 @@ bool openMappedCall(
       const Unmappable why = recs[static_cast<size_t>(2 * l + k)].why;
       if (why != Unmappable::kMappable) {
         if (why != Unmappable::kEmpty) {
-          SMDDP_LOG(kDebug, collectiveName(args.kind), " #", args.seq, " is staged: local rank ", l, "'s ",
-                    k == 0 ? "input" : "output", " is ", transport::unmappableName(why));
+          // Once at info (a user who asked for zero-copy sees why a call
+          // was not), then at debug.
+          const std::string text = str(collectiveName(args.kind), " #", args.seq, " goes through the staging ",
+                                       "buffers: local rank ", l, "'s ", k == 0 ? "input" : "output", " is ",
+                                       transport::unmappableName(why));
+          if (ctx.told_staged) {
+            SMDDP_LOG(kDebug, text);
+          } else {
+            SMDDP_LOG(kInfo, text);
+            ctx.told_staged = true;
+          }
         }
+        ctx.staged_calls.fetch_add(1, std::memory_order_relaxed);
         return false;
       }
     }
@@ -243,21 +261,24 @@ bool openMappedCall(
         call->out[i] = ctx.buffers->map(l, recs[2 * i + 1], out_bytes, s);
       }
     } catch (const Error& e) {
-      // The peers would wait for this rank's steps until their timeout.
+      // The peers would wait for this rank's steps until their timeout;
+      // the abort ends their host waits, and their device waits through
+      // the watchdog (CudaCommunicator::asyncError).
       const std::string why =
-          str(collectiveName(args.kind), " #", args.seq, ": rank ", ctx.topo.rank(), " could not map the buffer of ",
-              "local rank ", l, " (rank ", ctx.arena->groupRankOf(l), "): ", e.what(),
-              "; unset SMDDP_CUDA_ZERO_COPY to go through the staging buffers");
+          str(collectiveName(args.kind), " #", args.seq, " could not map the tensor of local rank ", l, " (rank ",
+              ctx.arena->groupRankOf(l), "): ", e.what(), "; unset SMDDP_CUDA_ZERO_COPY to go through the staging buffers");
       ctx.arena->abort(why);
-      SMDDP_THROW(kComm, why);
+      SMDDP_THROW(kComm, "rank ", ctx.topo.rank(), ": ", why);
     }
   }
+  ctx.mapped_calls.fetch_add(1, std::memory_order_relaxed);
   return true;
 }
 
 void mappedStep(DeviceContext& ctx, const OpArgs& args, cudaStream_t s, bool first, const std::function<void()>& consume) {
   if (ctx.device_sync) {
-    launchSyncStep(ctx.sync_steps.before, s);
+    // No `before`: a mapped step writes no staging buffer, and the peers'
+    // reads of this rank's tensors in an earlier step ended with it.
     launchSyncStep(ctx.sync_steps.between, s);
     consume();
     launchSyncStep(ctx.sync_steps.after, s);

@@ -369,6 +369,19 @@ void NodeArena::checkAborted() {
   }
 }
 
+std::string NodeArena::abortMessage() const {
+  uint32_t a = header_->aborted.load(std::memory_order_acquire);
+  // 1: another rank is writing its message right now.
+  for (int i = 0; i < 1000 && a == 1; ++i) {
+    yieldThread();
+    a = header_->aborted.load(std::memory_order_acquire);
+  }
+  if (a == 0) {
+    return "";
+  }
+  return a == 1 ? std::string("a rank aborted the node's arena") : std::string(header_->abort_msg);
+}
+
 bool NodeArena::peerExited(int l) const {
   if (l == local_rank_) {
     return false;

@@ -170,6 +170,9 @@ class NodeArena {
   void abort(const std::string& msg);
   // Throws if the arena was aborted.
   void checkAborted();
+  // The message of the abort, "" while the arena is not aborted (from any
+  // thread; never throws).
+  std::string abortMessage() const;
   // Whether local rank l has exited (whatever it wrote before is visible).
   bool peerExited(int l) const;
   // Throws kPeerLost (and aborts the arena) if local rank l has exited.
