@@ -80,6 +80,15 @@ void openDeviceCall(DeviceContext& ctx, const OpArgs& args) {
 
 namespace {
 
+// `s` waits for every peer's last record of its event `which` (ready, done).
+void waitPeers(const DeviceContext& ctx, cudaStream_t s, cudaEvent_t (transport::CudaIpcArena::*which)(int) const) {
+  for (int l = 0; l < ctx.topo.localSize(); ++l) {
+    if (l != ctx.topo.myLocalRank()) {
+      cudaCheck(cudaStreamWaitEvent(s, (ctx.ipc->*which)(l), 0), "cudaStreamWaitEvent");
+    }
+  }
+}
+
 void exchangeOnDevice(
     DeviceContext& ctx,
     const OpArgs& args,
@@ -112,25 +121,16 @@ void exchange(
     exchangeOnDevice(ctx, args, s, first, fill, consume);
     return;
   }
-  const int L = ctx.topo.localSize();
   const int me = ctx.topo.myLocalRank();
   // The peers' "done" of the previous exchange: they have read this stage.
-  for (int l = 0; l < L; ++l) {
-    if (l != me) {
-      cudaCheck(cudaStreamWaitEvent(s, ctx.ipc->done(l), 0), "cudaStreamWaitEvent");
-    }
-  }
+  waitPeers(ctx, s, &transport::CudaIpcArena::done);
   fill();
   cudaCheck(cudaEventRecord(ctx.ipc->ready(me), s), "cudaEventRecord");
   ctx.node->round(args.deadline);
   if (first) {
     protocol::verifyCall(*ctx.arena, args);
   }
-  for (int l = 0; l < L; ++l) {
-    if (l != me) {
-      cudaCheck(cudaStreamWaitEvent(s, ctx.ipc->ready(l), 0), "cudaStreamWaitEvent");
-    }
-  }
+  waitPeers(ctx, s, &transport::CudaIpcArena::ready);
   consume();
   cudaCheck(cudaEventRecord(ctx.ipc->done(me), s), "cudaEventRecord");
   ctx.node->round(args.deadline);
@@ -286,25 +286,16 @@ void mappedStep(DeviceContext& ctx, const OpArgs& args, cudaStream_t s, bool fir
     launchSyncStep(ctx.sync_steps.before, s);
     return;
   }
-  const int L = ctx.topo.localSize();
   const int me = ctx.topo.myLocalRank();
   if (!first) {
     cudaCheck(cudaEventRecord(ctx.ipc->ready(me), s), "cudaEventRecord");
     ctx.node->round(args.deadline);
   }
-  for (int l = 0; l < L; ++l) {
-    if (l != me) {
-      cudaCheck(cudaStreamWaitEvent(s, ctx.ipc->ready(l), 0), "cudaStreamWaitEvent");
-    }
-  }
+  waitPeers(ctx, s, &transport::CudaIpcArena::ready);
   consume();
   cudaCheck(cudaEventRecord(ctx.ipc->done(me), s), "cudaEventRecord");
   ctx.node->round(args.deadline);
-  for (int l = 0; l < L; ++l) {
-    if (l != me) {
-      cudaCheck(cudaStreamWaitEvent(s, ctx.ipc->done(l), 0), "cudaStreamWaitEvent");
-    }
-  }
+  waitPeers(ctx, s, &transport::CudaIpcArena::done);
 }
 
 void oneShotAllReduce(
