@@ -187,9 +187,10 @@ def test_cuda_rails(pools):
 
 def case_zero_copy_buffers(n: int) -> list[str]:
     """The mapped tensors changing under the cache: tensors carved at several
-    offsets of one segment, new tensors in the blocks of freed ones (segments
-    stay allocated: the knob's contract), and the in-place forms FSDP uses
-    (the input a view of the AllGather's output, AllReduce in place)."""
+    offsets of one segment, segments freed (empty_cache: the peers must close
+    their mappings first) and their addresses handed to new allocations, and
+    the in-place forms FSDP uses (the input a view of the AllGather's output,
+    AllReduce in place)."""
     rank, world = dist.get_rank(), dist.get_world_size()
     dev = _device()
     failures = []
@@ -225,19 +226,23 @@ def case_zero_copy_buffers(n: int) -> list[str]:
             _close(o, _want[rank * n:(rank + 1) * n].float(), torch.float32, f"round {round_}: reduce_scatter")
         except AssertionError as e:
             failures.append(str(e))
-        # The next round's tensors reuse these blocks with other contents.
+        # Free the segments: the peers' mappings are revoked first, and the
+        # next round's tensors get the same addresses in new allocations.
         del big, part, out, t, inp, o
+        torch.cuda.synchronize()
+        torch.cuda.empty_cache()
     return failures
 
 
-def case_zero_copy_counts() -> tuple[int, int]:
-    """The calls this rank's CUDA communicator mapped and staged so far."""
+def case_zero_copy_counts() -> tuple[int, int, int]:
+    """The calls this rank's CUDA communicator mapped and staged so far, and
+    the segments of its own it revoked."""
     import re
 
     text = dist.group.WORLD._get_backend(_device()).describe()
-    m = re.search(r"zero-copy: (\d+) calls mapped, (\d+) staged", text)
+    m = re.search(r"zero-copy: (\d+) calls mapped, (\d+) staged, (\d+) segments revoked", text)
     assert m, text
-    return int(m.group(1)), int(m.group(2))
+    return int(m.group(1)), int(m.group(2)), int(m.group(3))
 
 
 @pytest.mark.timeout(300)
@@ -256,10 +261,11 @@ def test_cuda_zero_copy(pools):
     for failures in zero.run(case_zero_copy_buffers, (1 << 18) + 5, timeout=150):
         assert failures == []
     # The ranks' tensors are the caching allocator's ordinary segments: at
-    # least every call of case_zero_copy_buffers was mapped (24), and at most
-    # the size-0 AllGathers and ReduceScatters were staged (7 per dtype).
-    for mapped, staged in zero.run(case_zero_copy_counts, timeout=60):
-        assert mapped >= 24 and staged <= 21, (mapped, staged)
+    # least every call of case_zero_copy_buffers was mapped (24), at most the
+    # size-0 AllGathers and ReduceScatters were staged (7 per dtype), and
+    # each empty_cache freed published segments, revoked first.
+    for mapped, staged, revoked in zero.run(case_zero_copy_counts, timeout=60):
+        assert mapped >= 24 and staged <= 21 and revoked >= 1, (mapped, staged, revoked)
     sizes = [4099, (1 << 20) + 3]
     assert zero.run(case_allreduce_bits, sizes, timeout=120) == pools(4, **common).run(
         case_allreduce_bits, sizes, timeout=120), "zero-copy AllReduce gives other bits than the staged one"
@@ -267,7 +273,7 @@ def test_cuda_zero_copy(pools):
                        SMDDP_CUDA_RANKS_PER_GPU=str(max(1, 2 // torch.cuda.device_count())))
     for failures in expandable.run(case_collectives, [7, (1 << 20) + 3], timeout=150):
         assert failures == []
-    for mapped, staged in expandable.run(case_zero_copy_counts, timeout=60):
+    for mapped, staged, _ in expandable.run(case_zero_copy_counts, timeout=60):
         assert mapped == 0 and staged > 0, (mapped, staged)
     per_gpu = max(1, 2 // torch.cuda.device_count())
     graph = pools(2, SMDDP_CUDA_RANKS_PER_GPU=str(per_gpu), SMDDP_CUDA_SYNC="device", SMDDP_CUDA_ZERO_COPY="1")
@@ -277,7 +283,7 @@ def test_cuda_zero_copy(pools):
     for failures in graph.run(case_graph_capture, timeout=120):
         assert failures == []
     # The AllReduce made before the capture is mapped, the captured one staged.
-    for (m0, s0), (m1, s1) in zip(before, graph.run(case_zero_copy_counts, timeout=60)):
+    for (m0, s0, _), (m1, s1, _) in zip(before, graph.run(case_zero_copy_counts, timeout=60)):
         assert m1 == m0 + 1 and s1 == s0 + 1, (m0, s0, m1, s1)
 
 

@@ -166,10 +166,8 @@ constexpr int kYieldUsOversubscribed = 2000;
     "cached per segment) and read them directly, without the staging copies; " \
     "a call whose tensors cannot be mapped (torch's expandable segments, a "  \
     "graph being captured) goes through the staging buffers (0: always "      \
-    "staged). The mapped segments must stay allocated while the group lives " \
-    "(CUDA IPC leaves a free of memory a peer maps undefined): no "           \
-    "torch.cuda.empty_cache(), and memory headroom, since an out-of-memory "  \
-    "retry frees cached segments.")                                            \
+    "staged). Before torch frees a segment the peers map, they close their "  \
+    "mappings (torch's allocator trace hook), as CUDA IPC requires.")          \
   X(debug_dump, "SMDDP_DEBUG_DUMP", false, string, "", "",                            \
     "Path prefix of a dump of each rank's last collectives (op, size, sequence " \
     "number, state, times), written to <prefix>.<group>.<rank>.json when a "     \

@@ -12,21 +12,19 @@
 // allocation's memory, however the owner's allocator reuses addresses.
 //
 // The rules of the cache, per peer:
+//   - The owner frees an allocation only after every peer has closed its
+//     mapping (transport/shm/revocations.h: CUDA IPC leaves a free of memory
+//     another process maps undefined); close(owner, id) is that.
 //   - A record of a new id whose range overlaps a cached mapping means the
-//     peer freed that allocation (its addresses are in use again): the stale
-//     mapping is closed at once, without waiting for this rank's work: a
-//     rank frees memory only after its collectives on it are complete, and a
-//     zero-copy collective completes only after every peer has read what it
-//     mapped of it (algorithm/cuda/schedules.h, mappedStep).
-//   - At most `capacity` mappings: past it the least recently used one is
-//     closed, after `quiesce` (this rank's enqueued reads of it may still
-//     run).
-// CUDA leaves undefined an owner's free of memory a peer still maps (legacy
-// IPC counts no references), and these rules close a stale mapping only
-// after the free: so the owners' allocations must outlive the group's use
-// of them, which docs/cuda.md states as the knob's contract.
+//     owner freed that allocation without it (its revocation timed out):
+//     the stale mapping is closed then. Neither waits for this rank's work:
+//     a rank frees memory only after its collectives on it are complete, and
+//     a zero-copy collective completes only after every peer has read what
+//     it mapped of it (algorithm/cuda/schedules.h, mappedStep).
+// Mappings are not bounded otherwise: they are of the peers' live
+// allocations.
 //
-// Threading: one thread (the group's executor) uses a cache.
+// Threading: the caller serializes the calls (transport/cuda/ipc_buffers.h).
 #pragma once
 
 #include <cstddef>
@@ -71,8 +69,7 @@ class PeerMappings {
     std::function<void(void* mapped)> close;
   };
 
-  PeerMappings(int peers, size_t capacity, Ops ops)
-      : capacity_(capacity < 1 ? 1 : capacity), ops_(std::move(ops)), peers_(static_cast<size_t>(peers)) {}
+  PeerMappings(int peers, Ops ops) : ops_(std::move(ops)), peers_(static_cast<size_t>(peers)) {}
   ~PeerMappings() {
     closeAll();
   }
@@ -80,14 +77,11 @@ class PeerMappings {
   PeerMappings& operator=(const PeerMappings&) = delete;
 
   // The buffer of `rec`, published by peer `l`, as this process addresses
-  // it: a cached mapping, or one made now. `quiesce` completes this rank's
-  // enqueued work before a mapping is closed to make room.
-  uint8_t* map(int l, const BufferRecord& rec, const std::function<void()>& quiesce) {
+  // it: a cached mapping, or one made now.
+  uint8_t* map(int l, const BufferRecord& rec) {
     std::vector<Entry>& cache = peers_[static_cast<size_t>(l)];
-    ++clock_;
     for (Entry& e : cache) {
       if (e.id == rec.id) {
-        e.used = clock_;
         return static_cast<uint8_t*>(e.mapped) + rec.offset;
       }
     }
@@ -97,17 +91,21 @@ class PeerMappings {
         closeAt(cache, i);
       }
     }
-    if (cache.size() >= capacity_) {
-      size_t oldest = 0;
-      for (size_t i = 1; i < cache.size(); ++i) {
-        oldest = cache[i].used < cache[oldest].used ? i : oldest;
-      }
-      quiesce();
-      closeAt(cache, oldest);
-    }
     void* mapped = ops_.open(rec);
-    cache.push_back(Entry{rec.id, rec.base, rec.size, mapped, clock_});
+    cache.push_back(Entry{rec.id, rec.base, rec.size, mapped});
     return static_cast<uint8_t*>(mapped) + rec.offset;
+  }
+
+  // Closes the mapping of peer l's allocation `id`; false if none is held.
+  bool close(int l, uint64_t id) {
+    std::vector<Entry>& cache = peers_[static_cast<size_t>(l)];
+    for (size_t i = 0; i < cache.size(); ++i) {
+      if (cache[i].id == id) {
+        closeAt(cache, i);
+        return true;
+      }
+    }
+    return false;
   }
 
   // Mappings held of peer l's buffers.
@@ -130,7 +128,6 @@ class PeerMappings {
     uint64_t base;
     uint64_t size;
     void* mapped;
-    uint64_t used;
   };
 
   void closeAt(std::vector<Entry>& cache, size_t i) {
@@ -139,10 +136,8 @@ class PeerMappings {
     ops_.close(mapped);
   }
 
-  size_t capacity_;
   Ops ops_;
   std::vector<std::vector<Entry>> peers_;
-  uint64_t clock_ = 0;
 };
 
 inline const char* unmappableName(Unmappable why) {

@@ -22,8 +22,7 @@ struct FakeIpc {
   std::vector<std::unique_ptr<uint8_t[]>> blocks;
   int opens = 0;
   int closes = 0;
-  int quiesces = 0;
-  std::vector<std::string> order;  // "quiesce", "close <id>"
+  std::vector<std::string> order;  // "close <id>"
 
   PeerMappings::Ops ops() {
     return {[this](const BufferRecord& rec) -> void* {
@@ -39,12 +38,6 @@ struct FakeIpc {
               open.erase(p);
               ++closes;
             }};
-  }
-  std::function<void()> quiesce() {
-    return [this] {
-      ++quiesces;
-      order.push_back("quiesce");
-    };
   }
   // The allocation a pointer handed out by map() lies in (0: none open).
   uint64_t idOf(const uint8_t* p) const {
@@ -71,14 +64,14 @@ BufferRecord record(uint64_t id, uint64_t base, uint64_t size, uint64_t offset) 
 
 SMDDP_TEST(a_buffer_of_a_cached_allocation_is_mapped_once_and_offset) {
   FakeIpc ipc;
-  PeerMappings m(2, 8, ipc.ops());
-  uint8_t* a = m.map(1, record(7, 0x10000, 1024, 0), ipc.quiesce());
-  uint8_t* b = m.map(1, record(7, 0x10000, 1024, 512), ipc.quiesce());
+  PeerMappings m(2, ipc.ops());
+  uint8_t* a = m.map(1, record(7, 0x10000, 1024, 0));
+  uint8_t* b = m.map(1, record(7, 0x10000, 1024, 512));
   EXPECT_EQ(ipc.opens, 1);
   EXPECT_TRUE(b == a + 512);
   EXPECT_EQ(ipc.idOf(b), 7u);
   // The same id from another peer is another process's allocation.
-  uint8_t* c = m.map(0, record(7, 0x10000, 1024, 0), ipc.quiesce());
+  uint8_t* c = m.map(0, record(7, 0x10000, 1024, 0));
   EXPECT_EQ(ipc.opens, 2);
   EXPECT_TRUE(c != a);
   EXPECT_EQ(m.cached(0), 1u);
@@ -87,42 +80,44 @@ SMDDP_TEST(a_buffer_of_a_cached_allocation_is_mapped_once_and_offset) {
 
 SMDDP_TEST(a_new_allocation_at_a_freed_ones_addresses_closes_the_stale_mapping) {
   FakeIpc ipc;
-  PeerMappings m(2, 8, ipc.ops());
-  m.map(1, record(1, 0x10000, 1024, 0), ipc.quiesce());
-  m.map(1, record(2, 0x20000, 1024, 0), ipc.quiesce());
+  PeerMappings m(2, ipc.ops());
+  m.map(1, record(1, 0x10000, 1024, 0));
+  m.map(1, record(2, 0x20000, 1024, 0));
   // The peer freed allocation 1 and its allocator reused part of its range.
-  uint8_t* p = m.map(1, record(3, 0x10200, 1024, 16), ipc.quiesce());
+  uint8_t* p = m.map(1, record(3, 0x10200, 1024, 16));
   EXPECT_EQ(ipc.idOf(p), 3u);
   EXPECT_EQ(ipc.closes, 1);
   EXPECT_TRUE(ipc.order == std::vector<std::string>{"close 1"});
-  EXPECT_EQ(ipc.quiesces, 0);  // the owner freed it only after every read
   EXPECT_EQ(m.cached(1), 2u);
   // Adjacent, not overlapping: both stay.
-  m.map(1, record(4, 0x20400, 1024, 0), ipc.quiesce());
+  m.map(1, record(4, 0x20400, 1024, 0));
   EXPECT_EQ(ipc.closes, 1);
   EXPECT_EQ(m.cached(1), 3u);
 }
 
-SMDDP_TEST(past_its_capacity_the_least_recently_used_mapping_closes_after_a_quiesce) {
+SMDDP_TEST(a_revoked_allocation_is_closed_and_mapped_anew_when_published_again) {
   FakeIpc ipc;
-  PeerMappings m(1, 3, ipc.ops());
-  for (uint64_t id = 1; id <= 3; ++id) {
-    m.map(0, record(id, id * 0x10000, 1024, 0), ipc.quiesce());
-  }
-  m.map(0, record(1, 0x10000, 1024, 0), ipc.quiesce());  // 2 is now the oldest use
-  uint8_t* p = m.map(0, record(4, 0x40000, 1024, 0), ipc.quiesce());
-  EXPECT_EQ(ipc.idOf(p), 4u);
-  EXPECT_TRUE((ipc.order == std::vector<std::string>{"quiesce", "close 2"}));
-  EXPECT_EQ(m.cached(0), 3u);
+  PeerMappings m(2, ipc.ops());
+  m.map(1, record(1, 0x10000, 1024, 0));
+  m.map(1, record(2, 0x20000, 1024, 0));
+  m.map(0, record(1, 0x10000, 1024, 0));  // another process's allocation 1
+  EXPECT_TRUE(m.close(1, 1));
+  EXPECT_TRUE(!m.close(1, 1));  // held no more
+  EXPECT_TRUE(!m.close(1, 7));  // never held
+  EXPECT_TRUE(ipc.order == std::vector<std::string>{"close 1"});
+  EXPECT_EQ(m.cached(0), 1u);
+  EXPECT_EQ(m.cached(1), 1u);
+  uint8_t* p = m.map(1, record(3, 0x10000, 1024, 8));
+  EXPECT_EQ(ipc.idOf(p), 3u);
   EXPECT_EQ(ipc.opens, 4);
 }
 
 SMDDP_TEST(closing_all_closes_every_mapping_once) {
   FakeIpc ipc;
   {
-    PeerMappings m(3, 4, ipc.ops());
+    PeerMappings m(3, ipc.ops());
     for (int l = 0; l < 3; ++l) {
-      m.map(l, record(9, 0x10000, 1024, 0), ipc.quiesce());
+      m.map(l, record(9, 0x10000, 1024, 0));
     }
     m.closeAll();
     EXPECT_EQ(ipc.closes, 3);
@@ -142,10 +137,10 @@ SMDDP_TEST(a_failed_open_leaves_the_cache_as_it_was) {
     }
     return open(rec);
   };
-  PeerMappings m(1, 4, ops);
-  m.map(0, record(1, 0x10000, 1024, 0), ipc.quiesce());
-  EXPECT_THROWS(m.map(0, record(5, 0x50000, 1024, 0), ipc.quiesce()), kComm, "allocation 5");
+  PeerMappings m(1, ops);
+  m.map(0, record(1, 0x10000, 1024, 0));
+  EXPECT_THROWS(m.map(0, record(5, 0x50000, 1024, 0)), kComm, "allocation 5");
   EXPECT_EQ(m.cached(0), 1u);
-  uint8_t* p = m.map(0, record(1, 0x10000, 1024, 8), ipc.quiesce());
+  uint8_t* p = m.map(0, record(1, 0x10000, 1024, 8));
   EXPECT_EQ(ipc.idOf(p), 1u);
 }

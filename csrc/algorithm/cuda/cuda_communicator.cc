@@ -1,6 +1,8 @@
 #include "algorithm/cuda/cuda_communicator.h"
 
 #include <algorithm>
+#include <mutex>
+#include <vector>
 
 #include "algorithm/cuda/schedules.h"
 #include "common/error.h"
@@ -16,7 +18,43 @@ namespace {
 // destroy must end, also when a peer never destroys its group.
 constexpr std::chrono::seconds kTeardownBound{10};
 
+// The live zero-copy communicators of this process, for segmentFreed().
+std::mutex& registryMutex() {
+  static std::mutex mu;
+  return mu;
+}
+std::vector<CudaCommunicator*>& registry() {
+  static std::vector<CudaCommunicator*> comms;
+  return comms;
+}
+
 } // namespace
+
+void CudaCommunicator::segmentFreed(int device, uint64_t base, uint64_t size) {
+  std::lock_guard<std::mutex> lock(registryMutex());
+  for (CudaCommunicator* comm : registry()) {
+    if (comm->ctx_->device == device) {
+      comm->revokeSegment(base, size);
+    }
+  }
+}
+
+void CudaCommunicator::revokeSegment(uint64_t base, uint64_t size) {
+  for (uint64_t id : buffers_->forget(base, size)) {
+    if (aborted_.load()) {
+      continue;  // the peers' mappings are closed by their own teardown
+    }
+    std::string late;
+    const auto bound = std::min<std::chrono::milliseconds>(timeout_, kTeardownBound);
+    if (revocations_->revoke(id, Deadline::after(bound), &late)) {
+      ctx_->revoked_segments.fetch_add(1, std::memory_order_relaxed);
+    } else {
+      SMDDP_LOG(kWarn, "rank ", ctx_->topo.rank(), " cuda:", ctx_->device, ": ", late,
+                " did not close its mapping of a segment torch is freeing within ", bound.count(),
+                " ms (SMDDP_CUDA_ZERO_COPY); the free goes on, which CUDA leaves undefined for that peer");
+    }
+  }
+}
 
 CudaCommunicator::CudaCommunicator(
     Store& store,
@@ -49,7 +87,7 @@ CudaCommunicator::CudaCommunicator(
   }
   c.ipc = ipc_.get();
   transport::NodeArena::Options o;
-  o.slot_bytes = 4096;
+  o.slot_bytes = kArenaSlotBytes;
   o.wait = waitPolicyOf(config);
   o.timeout = timeout;
   arena_ = std::make_unique<transport::NodeArena>(
@@ -89,13 +127,19 @@ CudaCommunicator::CudaCommunicator(
     schedule_ = makeRailsSchedule(c);
   } else {
     if (config.cuda_zero_copy) {
-      // A training step's buffers are few (FSDP's persistent ones, the
-      // gradients' segments); the bound frees what peers no longer use.
-      constexpr size_t kMappingsPerPeer = 32;
-      buffers_ = std::make_unique<transport::IpcBuffers>(device, topology.localSize(), kMappingsPerPeer);
+      buffers_ = std::make_unique<transport::IpcBuffers>(device, topology.localSize());
       c.buffers = buffers_.get();
+      transport::NodeArena* arena = arena_.get();
+      revocations_ = std::make_unique<transport::Revocations>(
+          *arena_,
+          [arena](int l) { return reinterpret_cast<transport::RevokeBox*>(arena->slot(l, 0) + kRevokeBoxOffset); },
+          [this](int owner, uint64_t id) { buffers_->close(owner, id); });
     }
     schedule_ = makeNodeSchedule(c);
+  }
+  if (revocations_) {
+    std::lock_guard<std::mutex> lock(registryMutex());
+    registry().push_back(this);
   }
   SMDDP_LOG(kInfo, "rank ", topology.rank(), " cuda:", device, ": ", describe());
 }
@@ -116,6 +160,16 @@ CudaCommunicator::~CudaCommunicator() {
         SMDDP_LOG(kDebug, "CUDA teardown: the node's peers did not all come (", e.what(), ")");
       }
     }
+    if (revocations_) {
+      // After the round no peer maps this rank's segments: torch may free
+      // them without asking. Waits for a revocation under way.
+      {
+        std::lock_guard<std::mutex> lock(registryMutex());
+        auto& r = registry();
+        r.erase(std::remove(r.begin(), r.end(), this), r.end());
+      }
+      revocations_.reset();
+    }
     ipc_.reset();
   }
   rail_.reset();
@@ -134,7 +188,7 @@ std::string CudaCommunicator::describe() const {
     case DeviceMode::kNode:
       return str("cuda ipc (", ctx_->device_sync ? "device" : "host", " sync",
                  buffers_ ? str(", zero-copy: ", ctx_->mapped_calls.load(), " calls mapped, ", ctx_->staged_calls.load(),
-                                " staged")
+                                " staged, ", ctx_->revoked_segments.load(), " segments revoked")
                           : std::string(),
                  "), ", ctx_->topo.describe());
     case DeviceMode::kRails:

@@ -45,6 +45,7 @@
 #include "algorithm/node_collectives.h"
 #include "transport/cuda/ipc_arena.h"
 #include "transport/cuda/ipc_buffers.h"
+#include "transport/shm/revocations.h"
 #include "transport/cuda/nccl_rail.h"
 #include "transport/shm/node_arena.h"
 
@@ -86,10 +87,18 @@ class CudaCommunicator {
   std::string asyncError();
   std::string describe() const;
 
+  // SMDDP_CUDA_ZERO_COPY: the allocator of `device` is about to free the
+  // segment [base, base + size) of this process (from any thread, with the
+  // allocator's lock held): every live communicator that published it asks
+  // its node's peers to close their mappings first, and waits until they
+  // have (bounded).
+  static void segmentFreed(int device, uint64_t base, uint64_t size);
+
  private:
   // Before a collective: an error the device already holds belongs to
   // earlier work, and is named so.
   void checkDevice(const OpArgs& args);
+  void revokeSegment(uint64_t base, uint64_t size);
 
   std::chrono::milliseconds timeout_;
   DevicePlan plan_;
@@ -99,6 +108,9 @@ class CudaCommunicator {
   std::unique_ptr<transport::CudaIpcArena> ipc_;
   std::unique_ptr<transport::NcclRail> rail_;
   std::unique_ptr<transport::IpcBuffers> buffers_;
+  // The peers' revocations of their segments this rank maps, and this
+  // rank's of its own (zero-copy only).
+  std::unique_ptr<transport::Revocations> revocations_;
   std::unique_ptr<Schedule> schedule_;
   // SMDDP_CUDA_SYNC=device: the counter (device memory) and the words of
   // the waits (pinned host memory mapped into the device).

@@ -21,6 +21,7 @@
 #include "transport/cuda/ipc_arena.h"
 #include "transport/cuda/ipc_buffers.h"
 #include "transport/cuda/nccl_rail.h"
+#include "transport/shm/revocations.h"
 
 namespace smddp::algorithm::cuda {
 
@@ -51,6 +52,7 @@ struct DeviceContext {
   transport::IpcBuffers* buffers = nullptr;
   std::atomic<uint64_t> mapped_calls{0};
   std::atomic<uint64_t> staged_calls{0};
+  std::atomic<uint64_t> revoked_segments{0};
   bool told_staged = false;
 };
 
@@ -111,6 +113,15 @@ void exchange(
     const std::function<void()>& consume);
 
 // ---- zero-copy (SMDDP_CUDA_ZERO_COPY): the peers read each other's tensors
+
+// A CUDA communicator's node arena slots (kArenaSlotBytes, two per rank):
+// slot(l, parity) begins with l's BufferRecords of its call of that parity
+// (openMappedCall); slot(l, 0) + kRevokeBoxOffset holds l's RevokeBox
+// (transport/shm/revocations.h).
+constexpr size_t kArenaSlotBytes = 4096;
+constexpr size_t kRevokeBoxOffset = 2048;
+static_assert(2 * sizeof(transport::BufferRecord) <= kRevokeBoxOffset, "a call's records fit before the box");
+static_assert(kRevokeBoxOffset + sizeof(transport::RevokeBox) <= kArenaSlotBytes, "the box fits its slot");
 
 // Every local rank's buffers of a mapped call as this rank addresses them
 // (its own as they are).

@@ -210,7 +210,7 @@ bool openMappedCall(
   }
   // The records travel in this rank's arena slot of the call's parity,
   // which the CUDA path uses for nothing else.
-  SMDDP_ASSERT(ctx.arena->slotBytes() >= sizeof(mine), "(the arena's slots hold a call's buffer records)");
+  SMDDP_ASSERT(ctx.arena->slotBytes() >= kArenaSlotBytes, "(the arena's slots hold a call's buffer records)");
   std::memcpy(ctx.arena->slot(me, static_cast<uint32_t>(args.seq & 1)), mine, sizeof(mine));
   openDeviceCall(ctx, args);
   if (!ctx.device_sync) {
@@ -256,9 +256,9 @@ bool openMappedCall(
       continue;
     }
     try {
-      call->in[i] = ctx.buffers->map(l, recs[2 * i], in_bytes, s);
+      call->in[i] = ctx.buffers->map(l, recs[2 * i], in_bytes);
       if (out_bytes > 0) {
-        call->out[i] = ctx.buffers->map(l, recs[2 * i + 1], out_bytes, s);
+        call->out[i] = ctx.buffers->map(l, recs[2 * i + 1], out_bytes);
       }
     } catch (const Error& e) {
       // The peers would wait for this rank's steps until their timeout;

@@ -152,6 +152,22 @@ algorithm::cuda::CudaCommunicator& CudaPath::commFor(int device) {
   // Outside the lock: creation meets the group through the store and NCCL,
   // and abort() must not wait for it.
   C10dStoreAdapter st(args_.store, args_.timeout);
+  if (args_.config.cuda_zero_copy) {
+    // Torch reports a segment's free to its trace trackers before it frees
+    // it: the peers' mappings of it are closed first (CUDA IPC requires
+    // it). Attached once, for the process's life (torch has no detach), and
+    // only with zero-copy: a tracker makes every allocation record a trace
+    // entry.
+    static std::once_flag attached;
+    std::call_once(attached, [] {
+      c10::cuda::CUDACachingAllocator::attachAllocatorTraceTracker(
+          [](const c10::cuda::CUDACachingAllocator::TraceEntry& te) {
+            if (te.action_ == c10::cuda::CUDACachingAllocator::TraceEntry::SEGMENT_FREE) {
+              algorithm::cuda::CudaCommunicator::segmentFreed(te.device_, te.addr_, te.size_);
+            }
+          });
+    });
+  }
   auto comm = std::make_shared<algorithm::cuda::CudaCommunicator>(
       st, setup_, *args_.topology, args_.config, args_.timeout, device, args_.host, *memory_);
   std::lock_guard<std::mutex> lock(mu_);

@@ -13,10 +13,6 @@ namespace smddp::transport {
 
 namespace {
 
-// Exported allocations remembered per rank: a training step publishes a
-// handful (FSDP's persistent buffers, the gradients' segments).
-constexpr size_t kExportedBound = 64;
-
 // The driver's cuPointerGetAttributes, through the runtime (the extension
 // does not link libcuda).
 PFN_cuPointerGetAttributes_v7000 pointerGetAttributes() {
@@ -39,9 +35,9 @@ PFN_cuPointerGetAttributes_v7000 pointerGetAttributes() {
 
 } // namespace
 
-IpcBuffers::IpcBuffers(int device, int peers, size_t capacity)
+IpcBuffers::IpcBuffers(int device, int peers)
     : device_(device),
-      mappings_(peers, capacity,
+      mappings_(peers,
                 PeerMappings::Ops{
                     [](const BufferRecord& rec) -> void* {
                       cudaIpcMemHandle_t h;
@@ -61,7 +57,27 @@ IpcBuffers::~IpcBuffers() {
 }
 
 void IpcBuffers::closeAll() {
+  std::lock_guard<std::mutex> lock(mappings_mu_);
   mappings_.closeAll();
+}
+
+void IpcBuffers::close(int l, uint64_t id) {
+  std::lock_guard<std::mutex> lock(mappings_mu_);
+  cudaSetDevice(device_);
+  mappings_.close(l, id);
+}
+
+std::vector<uint64_t> IpcBuffers::forget(uint64_t base, uint64_t size) {
+  std::lock_guard<std::mutex> lock(exported_mu_);
+  std::vector<uint64_t> ids;
+  for (size_t i = exported_.size(); i-- > 0;) {
+    const Exported& e = exported_[i];
+    if (e.base < base + size && base < e.base + e.size) {
+      ids.push_back(e.id);
+      exported_.erase(exported_.begin() + static_cast<std::ptrdiff_t>(i));
+    }
+  }
+  return ids;
 }
 
 BufferRecord IpcBuffers::describe(const void* p, size_t bytes, cudaStream_t stream) {
@@ -104,28 +120,27 @@ BufferRecord IpcBuffers::describe(const void* p, size_t bytes, cudaStream_t stre
   rec.base = static_cast<uint64_t>(start);
   rec.size = size;
   rec.offset = at - static_cast<uintptr_t>(start);
-  for (auto& [known, handle] : exported_) {
-    if (known == id) {
-      std::memcpy(rec.handle, &handle, sizeof(handle));
+  std::lock_guard<std::mutex> lock(exported_mu_);
+  for (const Exported& e : exported_) {
+    if (e.id == id) {
+      std::memcpy(rec.handle, &e.handle, sizeof(e.handle));
       return rec;
     }
   }
-  cudaIpcMemHandle_t handle;
-  cudaCheck(cudaIpcGetMemHandle(&handle, reinterpret_cast<void*>(start)), "cudaIpcGetMemHandle of a buffer");
-  if (exported_.size() >= kExportedBound) {
-    exported_.erase(exported_.begin());
-  }
-  exported_.emplace_back(id, handle);
-  std::memcpy(rec.handle, &handle, sizeof(handle));
+  Exported e{id, rec.base, rec.size, {}};
+  cudaCheck(cudaIpcGetMemHandle(&e.handle, reinterpret_cast<void*>(start)), "cudaIpcGetMemHandle of a buffer");
+  exported_.push_back(e);
+  std::memcpy(rec.handle, &e.handle, sizeof(e.handle));
   return rec;
 }
 
-uint8_t* IpcBuffers::map(int l, const BufferRecord& rec, size_t bytes, cudaStream_t stream) {
+uint8_t* IpcBuffers::map(int l, const BufferRecord& rec, size_t bytes) {
   if (rec.offset > rec.size || bytes > rec.size - rec.offset) {
     SMDDP_THROW(kInternal, "local rank ", l, " published a buffer of ", bytes, " bytes at offset ", rec.offset,
                 " of an allocation of ", rec.size, " bytes");
   }
-  return mappings_.map(l, rec, [stream] { cudaCheck(cudaStreamSynchronize(stream), "cudaStreamSynchronize"); });
+  std::lock_guard<std::mutex> lock(mappings_mu_);
+  return mappings_.map(l, rec);
 }
 
 } // namespace smddp::transport

@@ -10,13 +10,20 @@
 // expandable segments) has no legacy IPC handle: it is reported as
 // Unmappable::kNotIpc and the call goes through the staging buffers.
 //
-// Threading: one thread (the group's executor) uses an IpcBuffers.
+// This rank's published allocations are remembered until their owner frees
+// them (forget(), from the allocator's hook before the free), so that the
+// peers can be told to close their mappings first.
+//
+// Threading: describe() and map() on the group's executor; close() on the
+// revocation service thread; forget() on whatever thread frees memory:
+// each part under its own lock, none held while waiting for another rank.
 #pragma once
 
 #include <cuda_runtime.h>
 
 #include <cstdint>
 #include <memory>
+#include <mutex>
 #include <vector>
 
 #include "transport/peer_mappings.h"
@@ -25,9 +32,8 @@ namespace smddp::transport {
 
 class IpcBuffers {
  public:
-  // `peers`: the node's ranks; mappings of each one's buffers are cached up
-  // to `capacity`.
-  IpcBuffers(int device, int peers, size_t capacity);
+  // `peers`: the node's ranks.
+  IpcBuffers(int device, int peers);
   ~IpcBuffers();
   IpcBuffers(const IpcBuffers&) = delete;
   IpcBuffers& operator=(const IpcBuffers&) = delete;
@@ -37,21 +43,35 @@ class IpcBuffers {
   // call (an unexpected state of the device, not an unmappable buffer).
   BufferRecord describe(const void* p, size_t bytes, cudaStream_t stream);
 
-  // Peer l's buffer of `rec` (of at least `bytes`) in this process. `stream`
-  // is the work that may still read a mapping that makes room. Throws kComm.
-  uint8_t* map(int l, const BufferRecord& rec, size_t bytes, cudaStream_t stream);
+  // Peer l's buffer of `rec` (of at least `bytes`) in this process. Throws
+  // kComm.
+  uint8_t* map(int l, const BufferRecord& rec, size_t bytes);
+
+  // Closes this rank's mapping of peer l's allocation `id`, if it holds one.
+  void close(int l, uint64_t id);
 
   // Closes every mapping of the peers' buffers (teardown, before the node
   // meets so that the owners may free them).
   void closeAll();
 
+  // The ids of this rank's published allocations that overlap [base, base +
+  // size), which are forgotten: the allocator is about to free them.
+  std::vector<uint64_t> forget(uint64_t base, uint64_t size);
+
  private:
+  struct Exported {
+    uint64_t id;
+    uint64_t base;
+    uint64_t size;
+    cudaIpcMemHandle_t handle;
+  };
+
   int device_;
+  std::mutex mappings_mu_;
   PeerMappings mappings_;
-  // This rank's exported allocations: id -> handle (newest last). Handles
-  // hold no resources, so dropping one past the bound only costs a driver
-  // call when the allocation is published again.
-  std::vector<std::pair<uint64_t, cudaIpcMemHandle_t>> exported_;
+  // This rank's published allocations, until they are freed.
+  std::mutex exported_mu_;
+  std::vector<Exported> exported_;
 };
 
 } // namespace smddp::transport

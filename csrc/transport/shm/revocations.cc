@@ -1,0 +1,124 @@
+#include "transport/shm/revocations.h"
+
+#include "common/error.h"
+#include "common/log.h"
+#include "transport/shm/futex.h"
+
+namespace smddp::transport {
+
+namespace {
+
+// The service thread's sleeps: it also wakes this often to see whether it
+// should stop (the destructor rings it too).
+constexpr int64_t kServeSliceNs = int64_t{kSliceMs} * 1000000;
+
+} // namespace
+
+Revocations::Revocations(
+    NodeArena& arena,
+    std::function<RevokeBox*(int l)> box,
+    std::function<void(int owner, uint64_t id)> close)
+    : arena_(arena),
+      box_(std::move(box)),
+      close_(std::move(close)),
+      handled_(static_cast<size_t>(arena.localSize()), 0) {
+  SMDDP_ASSERT(arena.localSize() <= RevokeBox::kMaxRanks, "(a node of at most ", RevokeBox::kMaxRanks, " ranks)");
+  thread_ = std::thread([this] { serve(); });
+}
+
+Revocations::~Revocations() {
+  stop_.store(true);
+  arena_.control(arena_.localRank()).inbox.ring();
+  thread_.join();
+  // Whatever an owner revokes from now on, this rank holds none of it.
+  RevokeBox* mine = box_(arena_.localRank());
+  for (int o = 0; o < arena_.localSize(); ++o) {
+    mine->served[o].store(RevokeBox::kHoldsNothing, std::memory_order_release);
+    arena_.control(o).inbox.ring();
+  }
+}
+
+bool Revocations::served(int l, uint64_t seq) const {
+  return box_(l)->served[arena_.localRank()].load(std::memory_order_acquire) >= seq || arena_.peerExited(l);
+}
+
+bool Revocations::revoke(uint64_t id, const Deadline& deadline, std::string* late) {
+  std::lock_guard<std::mutex> lock(revoke_mu_);
+  const int me = arena_.localRank();
+  RevokeBox* mine = box_(me);
+  mine->id = id;
+  const uint64_t seq = mine->posted.load(std::memory_order_relaxed) + 1;
+  mine->posted.store(seq, std::memory_order_release);
+  for (int l = 0; l < arena_.localSize(); ++l) {
+    if (l != me) {
+      arena_.control(l).inbox.ring();
+    }
+  }
+  auto all = [&] {
+    for (int l = 0; l < arena_.localSize(); ++l) {
+      if (l != me && !served(l, seq)) {
+        return false;
+      }
+    }
+    return true;
+  };
+  try {
+    waitUntil(arena_.control(me).inbox, all, arena_.waitPolicy(), deadline, nullptr,
+              [] { return std::string("the node's peers to close their mappings"); });
+    return true;
+  } catch (const Error& e) {
+    if (e.kind() != ErrorKind::kTimeout) {
+      throw;
+    }
+  }
+  if (late != nullptr) {
+    late->clear();
+    for (int l = 0; l < arena_.localSize(); ++l) {
+      if (l != me && !served(l, seq)) {
+        *late += str(late->empty() ? "" : ", ", "local rank ", l, " (rank ", arena_.groupRankOf(l), ")");
+      }
+    }
+  }
+  return false;
+}
+
+void Revocations::serve() {
+  const int me = arena_.localRank();
+  Doorbell& inbox = arena_.control(me).inbox;
+  RevokeBox* mine = box_(me);
+  auto pending = [&] {
+    for (int o = 0; o < arena_.localSize(); ++o) {
+      if (o != me && box_(o)->posted.load(std::memory_order_acquire) > handled_[static_cast<size_t>(o)]) {
+        return true;
+      }
+    }
+    return false;
+  };
+  while (!stop_.load()) {
+    // The doorbell protocol (futex.h): register, re-check, then sleep.
+    const uint32_t seen = inbox.word.load(std::memory_order_seq_cst);
+    inbox.sleepers.fetch_add(1, std::memory_order_seq_cst);
+    if (!pending() && !stop_.load()) {
+      futexWait(&inbox.word, seen, kServeSliceNs);
+    }
+    inbox.sleepers.fetch_sub(1, std::memory_order_seq_cst);
+    for (int o = 0; o < arena_.localSize(); ++o) {
+      const uint64_t posted = o == me ? 0 : box_(o)->posted.load(std::memory_order_acquire);
+      if (posted <= handled_[static_cast<size_t>(o)]) {
+        continue;
+      }
+      // One revocation at a time per owner: `id` is the posted one's.
+      const uint64_t id = box_(o)->id;
+      try {
+        close_(o, id);
+      } catch (const std::exception& e) {
+        SMDDP_LOG(kWarn, "closing local rank ", o, "'s allocation ", id, " failed: ", e.what());
+      }
+      handled_[static_cast<size_t>(o)] = posted;
+      mine->served[o].store(posted, std::memory_order_release);
+      arena_.control(o).inbox.ring();
+    }
+  }
+}
+
+} // namespace smddp::transport
