@@ -172,6 +172,20 @@ void runRanks(
   }
 }
 
+std::vector<int> iota(int n) {
+  std::vector<int> v(static_cast<size_t>(n));
+  for (int i = 0; i < n; ++i) {
+    v[static_cast<size_t>(i)] = i;
+  }
+  return v;
+}
+
+transport::NodeArena::Options smallSlots() {
+  transport::NodeArena::Options o;
+  o.slot_bytes = 4096;
+  return o;
+}
+
 } // namespace smddp::test
 
 int main(int argc, char** argv) {

@@ -13,6 +13,7 @@
 #include "common/error.h"
 #include "common/store.h"
 #include "transport/channel.h"
+#include "transport/shm/node_arena.h"
 
 namespace smddp::test {
 
@@ -51,6 +52,12 @@ inline transport::MessageTag gatherTag(uint64_t seq, uint64_t count) {
   t.count = count;
   return t;
 }
+
+// 0, 1, ..., n-1: the group ranks of a one-node test's arena.
+std::vector<int> iota(int n);
+
+// Arena options with 4 KiB slots: a few KiB already take many rounds.
+transport::NodeArena::Options smallSlots();
 
 // Runs body(rank) in `n` forked processes sharing `store_dir`; returns when
 // all exit. Fails the test if a rank fails an expectation, throws, crashes

@@ -15,6 +15,7 @@
 #include "transport/shm/shm_channel.h"
 
 using namespace smddp;
+using test::iota;
 using algorithm::NodeCollectives;
 using algorithm::OpArgs;
 using transport::NodeArena;
@@ -23,12 +24,7 @@ namespace {
 
 constexpr size_t kSlot = 4096;
 
-// Small slots: a few KiB already take many rounds.
-NodeArena::Options smallSlots() {
-  NodeArena::Options o;
-  o.slot_bytes = kSlot;
-  return o;
-}
+using test::smallSlots;
 
 Config configFor(const char* single_copy) {
   return Config::fromEnv([&](const char* name) -> const char* {
@@ -40,14 +36,6 @@ Config configFor(const char* single_copy) {
     }
     return nullptr;
   });
-}
-
-std::vector<int> iota(int n) {
-  std::vector<int> v(static_cast<size_t>(n));
-  for (int i = 0; i < n; ++i) {
-    v[static_cast<size_t>(i)] = i;
-  }
-  return v;
 }
 
 float value(int rank, size_t i) {

@@ -19,6 +19,8 @@
 #include "transport/shm/shm_channel.h"
 
 using namespace smddp;
+using test::iota;
+using test::smallSlots;
 using algorithm::OpArgs;
 using algorithm::protocol::CallDesc;
 using algorithm::protocol::Path;
@@ -28,20 +30,6 @@ using algorithm::protocol::RingUnit;
 using transport::NodeArena;
 
 namespace {
-
-std::vector<int> iota(int n) {
-  std::vector<int> v(static_cast<size_t>(n));
-  for (int i = 0; i < n; ++i) {
-    v[static_cast<size_t>(i)] = i;
-  }
-  return v;
-}
-
-NodeArena::Options smallSlots() {
-  NodeArena::Options o;
-  o.slot_bytes = 4096;
-  return o;
-}
 
 OpArgs call(CollectiveKind kind, size_t count, uint64_t seq) {
   OpArgs a;

@@ -17,6 +17,7 @@
 #include "transport/shm/revocations.h"
 
 using namespace smddp;
+using test::iota;
 using algorithm::NodeCollectives;
 using algorithm::OpArgs;
 using transport::NodeArena;
@@ -24,20 +25,6 @@ using transport::RevokeBox;
 using transport::Revocations;
 
 namespace {
-
-std::vector<int> iota(int n) {
-  std::vector<int> v(static_cast<size_t>(n));
-  for (int i = 0; i < n; ++i) {
-    v[static_cast<size_t>(i)] = i;
-  }
-  return v;
-}
-
-NodeArena::Options options() {
-  NodeArena::Options o;
-  o.slot_bytes = 4096;
-  return o;
-}
 
 RevokeBox* boxOf(NodeArena& arena, int l) {
   return reinterpret_cast<RevokeBox*>(arena.slot(l, 0));
@@ -58,7 +45,7 @@ SMDDP_TEST(revoke_returns_only_after_every_peer_closed) {
   std::string dir = ::smddp::test::tempDir();
   ::smddp::test::runRanks(3, [&](int rank) {
     ::smddp::test::DirStore store(dir);
-    NodeArena arena(store, "arena", rank, iota(3), options());
+    NodeArena arena(store, "arena", rank, iota(3), test::smallSlots());
     NodeCollectives node(arena, Config::fromEnv([](const char*) -> const char* { return nullptr; }));
     std::vector<std::pair<int, uint64_t>> closed;
     std::mutex mu;
@@ -96,7 +83,7 @@ SMDDP_TEST(a_peer_that_holds_nothing_or_exited_does_not_hold_the_owner_up) {
       3,
       [&](int rank) {
         ::smddp::test::DirStore store(dir);
-        NodeArena arena(store, "arena", rank, iota(3), options());
+        NodeArena arena(store, "arena", rank, iota(3), test::smallSlots());
         NodeCollectives node(arena, Config::fromEnv([](const char*) -> const char* { return nullptr; }));
         auto box = [&](int l) { return boxOf(arena, l); };
         if (rank == 1) {
@@ -129,7 +116,7 @@ SMDDP_TEST(a_peer_that_does_not_serve_is_named_at_the_deadline) {
   std::string dir = ::smddp::test::tempDir();
   ::smddp::test::runRanks(2, [&](int rank) {
     ::smddp::test::DirStore store(dir);
-    NodeArena arena(store, "arena", rank, iota(2), options());
+    NodeArena arena(store, "arena", rank, iota(2), test::smallSlots());
     NodeCollectives node(arena, Config::fromEnv([](const char*) -> const char* { return nullptr; }));
     if (rank == 1) {
       // Alive, but no service thread: nothing closes its mappings.
