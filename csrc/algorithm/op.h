@@ -25,6 +25,9 @@ struct OpArgs {
   // Position of this call in the group's sequence, the same on every rank.
   uint64_t seq = 0;
   Deadline deadline;
+  // CUDA: in and out are memory of torch's caching allocator, which reports
+  // a segment's free before it happens (SMDDP_CUDA_ZERO_COPY may map them).
+  bool traced_memory = false;
 
   DataType dtype() const {
     return reduce.dtype;

@@ -164,8 +164,9 @@ constexpr int kYieldUsOversubscribed = 2000;
     "One-node CUDA AllGather, ReduceScatter and AllReduce: the node's ranks "  \
     "map each other's tensors (CUDA IPC of the caching allocator's segments, " \
     "cached per segment) and read them directly, without the staging copies; " \
-    "a call whose tensors cannot be mapped (torch's expandable segments, a "  \
-    "graph being captured) goes through the staging buffers (0: always "      \
+    "a call whose tensors cannot be mapped (torch's expandable segments, "    \
+    "memory not from its caching allocator, a graph being captured) goes "    \
+    "through the staging buffers (0: always "                                 \
     "staged). Before torch frees a segment the peers map, they close their "  \
     "mappings (torch's allocator trace hook), as CUDA IPC requires.")          \
   X(debug_dump, "SMDDP_DEBUG_DUMP", false, string, "", "",                            \

@@ -43,6 +43,8 @@ enum class Unmappable : uint32_t {
   kNotIpc = 3,       // an allocation CUDA IPC cannot export (virtual memory
                      // management, e.g. torch's expandable segments)
   kCapturing = 4,    // the stream is being captured into a CUDA graph
+  kUntraced = 5,     // memory whose free nobody announces (not torch's
+                     // caching allocator, or its caching is off)
 };
 const char* unmappableName(Unmappable why);
 
@@ -152,6 +154,9 @@ inline const char* unmappableName(Unmappable why) {
       return "an allocation CUDA IPC cannot export (virtual memory management, e.g. expandable segments)";
     case Unmappable::kCapturing:
       return "the stream is capturing a CUDA graph";
+    case Unmappable::kUntraced:
+      return "memory whose free is not announced (not from torch's caching allocator, or "
+             "PYTORCH_NO_CUDA_MEMORY_CACHING)";
   }
   return "?";
 }

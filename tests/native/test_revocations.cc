@@ -134,3 +134,35 @@ SMDDP_TEST(a_peer_that_does_not_serve_is_named_at_the_deadline) {
     barrier(node);
   });
 }
+
+SMDDP_TEST(a_peer_behind_a_timed_out_revocation_still_closes_each_allocation) {
+  // The owner gives up on a slow peer and revokes the next allocation: the
+  // peer must close both, each once, in order.
+  std::string dir = ::smddp::test::tempDir();
+  ::smddp::test::runRanks(2, [&](int rank) {
+    ::smddp::test::DirStore store(dir);
+    NodeArena arena(store, "arena", rank, iota(2), test::smallSlots());
+    NodeCollectives node(arena, Config::fromEnv([](const char*) -> const char* { return nullptr; }));
+    std::vector<uint64_t> closed;
+    std::mutex mu;
+    {
+      Revocations r(arena, [&](int l) { return boxOf(arena, l); }, [&](int, uint64_t id) {
+        std::lock_guard<std::mutex> lock(mu);
+        if (closed.empty()) {
+          std::this_thread::sleep_for(std::chrono::milliseconds(400));
+        }
+        closed.push_back(id);
+      });
+      barrier(node);
+      if (rank == 0) {
+        std::string late;
+        EXPECT_TRUE(!r.revoke(5, Deadline::after(std::chrono::milliseconds(100)), &late));
+        EXPECT_TRUE(r.revoke(6, Deadline::after(std::chrono::seconds(10)), &late));
+      }
+      barrier(node);
+    }
+    std::lock_guard<std::mutex> lock(mu);
+    EXPECT_TRUE(rank == 0 ? closed.empty() : (closed == std::vector<uint64_t>{5, 6}));
+    barrier(node);
+  });
+}

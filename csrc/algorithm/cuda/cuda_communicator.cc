@@ -18,15 +18,20 @@ namespace {
 // destroy must end, also when a peer never destroys its group.
 constexpr std::chrono::seconds kTeardownBound{10};
 
-// The live zero-copy communicators of this process, for segmentFreed().
+// The live zero-copy communicators of this process, for segmentFreed();
+// never destroyed, since torch may free a segment during static teardown.
 std::mutex& registryMutex() {
-  static std::mutex mu;
-  return mu;
+  static auto* mu = new std::mutex;
+  return *mu;
 }
 std::vector<CudaCommunicator*>& registry() {
-  static std::vector<CudaCommunicator*> comms;
-  return comms;
+  static auto* comms = new std::vector<CudaCommunicator*>;
+  return *comms;
 }
+
+// A revocation waits this long for a peer that missed one before: the
+// allocator's lock is held meanwhile.
+constexpr std::chrono::milliseconds kLateBound{100};
 
 } // namespace
 
@@ -40,15 +45,15 @@ void CudaCommunicator::segmentFreed(int device, uint64_t base, uint64_t size) {
 }
 
 void CudaCommunicator::revokeSegment(uint64_t base, uint64_t size) {
+  // Also after an abort: the peers' service threads still close mappings,
+  // and an exited peer holds none.
   for (uint64_t id : buffers_->forget(base, size)) {
-    if (aborted_.load()) {
-      continue;  // the peers' mappings are closed by their own teardown
-    }
     std::string late;
-    const auto bound = std::min<std::chrono::milliseconds>(timeout_, kTeardownBound);
+    const auto bound = peers_late_.load() ? kLateBound : std::min<std::chrono::milliseconds>(timeout_, kTeardownBound);
     if (revocations_->revoke(id, Deadline::after(bound), &late)) {
       ctx_->revoked_segments.fetch_add(1, std::memory_order_relaxed);
     } else {
+      peers_late_.store(true);
       SMDDP_LOG(kWarn, "rank ", ctx_->topo.rank(), " cuda:", ctx_->device, ": ", late,
                 " did not close its mapping of a segment torch is freeing within ", bound.count(),
                 " ms (SMDDP_CUDA_ZERO_COPY); the free goes on, which CUDA leaves undefined for that peer");
@@ -137,11 +142,11 @@ CudaCommunicator::CudaCommunicator(
     }
     schedule_ = makeNodeSchedule(c);
   }
+  SMDDP_LOG(kInfo, "rank ", topology.rank(), " cuda:", device, ": ", describe());
   if (revocations_) {
     std::lock_guard<std::mutex> lock(registryMutex());
     registry().push_back(this);
   }
-  SMDDP_LOG(kInfo, "rank ", topology.rank(), " cuda:", device, ": ", describe());
 }
 
 CudaCommunicator::~CudaCommunicator() {
@@ -161,8 +166,11 @@ CudaCommunicator::~CudaCommunicator() {
       }
     }
     if (revocations_) {
-      // After the round no peer maps this rank's segments: torch may free
-      // them without asking. Waits for a revocation under way.
+      // Torch may free this rank's segments without asking once no peer
+      // maps them: revoke what is left (peers that closed everything in
+      // their teardown answer at once), then leave the registry (which
+      // waits for a revocation under way).
+      revokeSegment(0, ~0ull);
       {
         std::lock_guard<std::mutex> lock(registryMutex());
         auto& r = registry();

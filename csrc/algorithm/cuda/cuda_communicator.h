@@ -111,6 +111,8 @@ class CudaCommunicator {
   // The peers' revocations of their segments this rank maps, and this
   // rank's of its own (zero-copy only).
   std::unique_ptr<transport::Revocations> revocations_;
+  // A peer missed a revocation's bound: later ones wait for it briefly.
+  std::atomic<bool> peers_late_{false};
   std::unique_ptr<Schedule> schedule_;
   // SMDDP_CUDA_SYNC=device: the counter (device memory) and the words of
   // the waits (pinned host memory mapped into the device).

@@ -201,6 +201,13 @@ bool openMappedCall(
     if (out_bytes > 0) {
       mine[1] = ctx.buffers->describe(args.out, out_bytes, s);
     }
+    // Peers may map only what is revoked before it is freed.
+    for (BufferRecord& r : mine) {
+      if (!args.traced_memory && r.why == Unmappable::kMappable) {
+        r = BufferRecord{};
+        r.why = Unmappable::kUntraced;
+      }
+    }
   } catch (const Error& e) {
     // The peers would wait in the round below until their timeout.
     const std::string why = str(collectiveName(args.kind), " #", args.seq, " could not describe its tensors for the ",

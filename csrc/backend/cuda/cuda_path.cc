@@ -5,6 +5,7 @@
 #include <c10/cuda/CUDACachingAllocator.h>
 #include <c10/cuda/CUDAGuard.h>
 
+#include <cstdlib>
 #include <thread>
 
 #include "algorithm/cuda/device_reduce.h"
@@ -16,6 +17,51 @@
 namespace smddp {
 
 namespace {
+
+// Torch reports a segment's free to its trace trackers before it frees it,
+// so that zero-copy peers close their mappings first (CUDA IPC requires
+// it). Attached once, for the process's life (torch has no detach), and
+// only with zero-copy: a tracker makes every allocation record a trace
+// entry. False where the allocator has no trackers (cudaMallocAsync, a
+// pluggable allocator) or does not cache (PYTORCH_NO_CUDA_MEMORY_CACHING):
+// its frees are not announced.
+bool freesAnnounced() {
+  static const bool attached = [] {
+    if (std::getenv("PYTORCH_NO_CUDA_MEMORY_CACHING") != nullptr ||
+        c10::cuda::CUDACachingAllocator::get()->name() != "native") {
+      return false;
+    }
+    try {
+      c10::cuda::CUDACachingAllocator::attachAllocatorTraceTracker(
+          [](const c10::cuda::CUDACachingAllocator::TraceEntry& te) {
+            if (te.action_ == c10::cuda::CUDACachingAllocator::TraceEntry::SEGMENT_FREE) {
+              algorithm::cuda::CudaCommunicator::segmentFreed(te.device_, te.addr_, te.size_);
+            }
+          });
+      return true;
+    } catch (const std::exception& e) {
+      SMDDP_LOG(kWarn, "SMDDP_CUDA_ZERO_COPY: torch's allocator takes no trace tracker (", e.what(),
+                "): every CUDA collective goes through the staging buffers");
+      return false;
+    }
+  }();
+  return attached;
+}
+
+// Whether every tensor's memory is the caching allocator's, whose segment
+// frees are announced (not from_blob, DLPack or a pluggable allocator).
+bool tracedMemory(const std::vector<at::Tensor>& tensors) {
+  if (!freesAnnounced()) {
+    return false;
+  }
+  const c10::DeleterFnPtr cached = c10::cuda::CUDACachingAllocator::get()->raw_deleter();
+  for (const auto& t : tensors) {
+    if (t.storage().data_ptr().get_deleter() != cached) {
+      return false;
+    }
+  }
+  return true;
+}
 
 // How often the watchdog polls the collectives in flight: a stalled one is
 // reported within this much of the group's timeout, for one event query per
@@ -152,22 +198,6 @@ algorithm::cuda::CudaCommunicator& CudaPath::commFor(int device) {
   // Outside the lock: creation meets the group through the store and NCCL,
   // and abort() must not wait for it.
   C10dStoreAdapter st(args_.store, args_.timeout);
-  if (args_.config.cuda_zero_copy) {
-    // Torch reports a segment's free to its trace trackers before it frees
-    // it: the peers' mappings of it are closed first (CUDA IPC requires
-    // it). Attached once, for the process's life (torch has no detach), and
-    // only with zero-copy: a tracker makes every allocation record a trace
-    // entry.
-    static std::once_flag attached;
-    std::call_once(attached, [] {
-      c10::cuda::CUDACachingAllocator::attachAllocatorTraceTracker(
-          [](const c10::cuda::CUDACachingAllocator::TraceEntry& te) {
-            if (te.action_ == c10::cuda::CUDACachingAllocator::TraceEntry::SEGMENT_FREE) {
-              algorithm::cuda::CudaCommunicator::segmentFreed(te.device_, te.addr_, te.size_);
-            }
-          });
-    });
-  }
   auto comm = std::make_shared<algorithm::cuda::CudaCommunicator>(
       st, setup_, *args_.topology, args_.config, args_.timeout, device, args_.host, *memory_);
   std::lock_guard<std::mutex> lock(mu_);
@@ -198,13 +228,17 @@ DevicePath::Call CudaPath::prepare(
   for (const auto& t : outputs) {
     c10::cuda::CUDACachingAllocator::recordStream(t.storage().data_ptr(), comm);
   }
+  algorithm::OpArgs traced_args = args;
+  if (args_.config.cuda_zero_copy) {
+    traced_args.traced_memory = tracedMemory(inputs) && tracedMemory(outputs);
+  }
   auto end = std::make_shared<at::cuda::CUDAEvent>(cudaEventDisableTiming);
   auto state = std::make_shared<CallState>();
   CudaPath* self = this;
   FlightRecorder* recorder = args_.recorder;
   const std::string who = args_.who;
   Call call;
-  call.body = [self, kind, args, inputs, outputs, device, comm, ready, end, state, recorder, record, who](
+  call.body = [self, kind, args = traced_args, inputs, outputs, device, comm, ready, end, state, recorder, record, who](
                   uint64_t seq, const Deadline& deadline) {
     c10::cuda::CUDAGuard g(device);
     ready->block(comm);

@@ -10,7 +10,7 @@ namespace {
 
 // The service thread's sleeps: it also wakes this often to see whether it
 // should stop (the destructor rings it too).
-constexpr int64_t kServeSliceNs = int64_t{kSliceMs} * 1000000;
+constexpr int64_t kServeSliceNs = 1000000000;
 
 } // namespace
 
@@ -46,8 +46,8 @@ bool Revocations::revoke(uint64_t id, const Deadline& deadline, std::string* lat
   std::lock_guard<std::mutex> lock(revoke_mu_);
   const int me = arena_.localRank();
   RevokeBox* mine = box_(me);
-  mine->id = id;
   const uint64_t seq = mine->posted.load(std::memory_order_relaxed) + 1;
+  mine->ids[seq % RevokeBox::kIds].store(id, std::memory_order_relaxed);
   mine->posted.store(seq, std::memory_order_release);
   for (int l = 0; l < arena_.localSize(); ++l) {
     if (l != me) {
@@ -107,14 +107,21 @@ void Revocations::serve() {
       if (posted <= handled_[static_cast<size_t>(o)]) {
         continue;
       }
-      // One revocation at a time per owner: `id` is the posted one's.
-      const uint64_t id = box_(o)->id;
-      try {
-        close_(o, id);
-      } catch (const std::exception& e) {
-        SMDDP_LOG(kWarn, "closing local rank ", o, "'s allocation ", id, " failed: ", e.what());
+      uint64_t& done = handled_[static_cast<size_t>(o)];
+      if (posted - done > static_cast<uint64_t>(RevokeBox::kIds)) {
+        SMDDP_LOG(kWarn, "local rank ", o, " revoked ", posted - done - RevokeBox::kIds, " allocations this rank ",
+                  "served too late to know them; their mappings stay until it closes all");
+        done = posted - RevokeBox::kIds;
       }
-      handled_[static_cast<size_t>(o)] = posted;
+      for (uint64_t s = done + 1; s <= posted; ++s) {
+        const uint64_t id = box_(o)->ids[s % RevokeBox::kIds].load(std::memory_order_relaxed);
+        try {
+          close_(o, id);
+        } catch (const std::exception& e) {
+          SMDDP_LOG(kWarn, "closing local rank ", o, "'s allocation ", id, " failed: ", e.what());
+        }
+      }
+      done = posted;
       mine->served[o].store(posted, std::memory_order_release);
       arena_.control(o).inbox.ring();
     }

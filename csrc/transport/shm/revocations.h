@@ -6,15 +6,17 @@
 // Each rank owns one RevokeBox in the node arena (the caller says where),
 // written only by it:
 //   posted       revocations this rank has posted, as owner
-//   id           the allocation the last one names
+//   ids[s % N]   the allocation revocation s names (the last kIds of them)
 //   served[o]    owner o's revocations this rank has served (closed its
 //                mapping, or held none); kHoldsNothing once this rank has
 //                closed all it mapped (teardown)
-// An owner posts one revocation at a time: it writes `id`, raises `posted`,
-// rings the peers' inboxes, and waits until every peer's served[owner]
-// reaches it (or the peer has exited). Each rank's service thread sleeps on
-// its own inbox, closes what a raised `posted` names through the callback,
-// raises its served[owner] and rings the owner's inbox.
+// An owner posts one revocation at a time: it writes its id, raises
+// `posted`, rings the peers' inboxes, and waits until every peer's
+// served[owner] reaches it (or the peer has exited). Each rank's service
+// thread sleeps on its own inbox, closes through the callback what every
+// revocation up to `posted` names, raises its served[owner] and rings the
+// owner's inbox. A peer that fell more than kIds behind (its owner gave up
+// waiting for it that often) has lost the oldest ids, which it says.
 //
 // Threading: revoke() from any thread (serialized inside); the callback runs
 // on the service thread, and must not wait for anything an owner's revoke()
@@ -36,9 +38,10 @@ namespace smddp::transport {
 
 struct RevokeBox {
   static constexpr int kMaxRanks = 64;
+  static constexpr int kIds = 16;
   static constexpr uint64_t kHoldsNothing = ~0ull;
   std::atomic<uint64_t> posted{0};
-  uint64_t id = 0;
+  std::atomic<uint64_t> ids[kIds];
   std::atomic<uint64_t> served[kMaxRanks];
 };
 static_assert(std::is_trivially_destructible_v<RevokeBox>, "a RevokeBox lives in zeroed shared memory");
