@@ -316,8 +316,9 @@ SMDDP_TEST(an_abort_message_reaches_every_peer_without_a_wait) {
     OpArgs a;
     a.kind = CollectiveKind::kBarrier;
     a.deadline = Deadline::after(std::chrono::seconds(10));
-    node.barrier(a);
+    // Before the barrier: no rank can have aborted yet.
     EXPECT_EQ(arena.abortMessage(), std::string());
+    node.barrier(a);
     if (rank == 1) {
       arena.abort("allgather #3 could not map the tensor of local rank 0");
     }
