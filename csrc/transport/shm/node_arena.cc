@@ -357,29 +357,24 @@ void NodeArena::abort(const std::string& msg) {
   }
 }
 
-void NodeArena::checkAborted() {
-  uint32_t a = header_->aborted.load(std::memory_order_acquire);
-  if (a != 0) {
-    // 1: another rank is writing its message right now.
-    for (int i = 0; i < 1000 && a == 1; ++i) {
-      yieldThread();
-      a = header_->aborted.load(std::memory_order_acquire);
-    }
-    SMDDP_THROW(kAborted, header_->abort_msg);
-  }
-}
-
-std::string NodeArena::abortMessage() const {
+uint32_t NodeArena::abortState() const {
   uint32_t a = header_->aborted.load(std::memory_order_acquire);
   // 1: another rank is writing its message right now.
   for (int i = 0; i < 1000 && a == 1; ++i) {
     yieldThread();
     a = header_->aborted.load(std::memory_order_acquire);
   }
-  if (a == 0) {
-    return "";
+  return a;
+}
+
+void NodeArena::checkAborted() {
+  if (abortState() != 0) {
+    SMDDP_THROW(kAborted, header_->abort_msg);
   }
-  return a == 1 ? std::string("a rank aborted the node's arena") : std::string(header_->abort_msg);
+}
+
+std::string NodeArena::abortMessage() const {
+  return abortState() == 0 ? std::string() : std::string(header_->abort_msg);
 }
 
 bool NodeArena::peerExited(int l) const {

@@ -185,6 +185,9 @@ class NodeArena {
   // address `remote`, resumed after partial transfers.
   void crossMemory(int l, uint8_t* local, uint64_t remote, size_t bytes, bool write);
   void initControl();
+  // The arena's abort flag, once a rank writing its message is done (or
+  // after a bounded wait for it).
+  uint32_t abortState() const;
   void waitAttached(const Deadline& deadline);
   void probeSingleCopy(const Deadline& deadline);
   std::string describePeer(int l) const;
