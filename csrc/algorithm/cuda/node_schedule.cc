@@ -41,8 +41,8 @@ class NodeSchedule : public Schedule {
     auto* out = static_cast<uint8_t*>(args.out);
     const auto* in = static_cast<const uint8_t*>(args.in);
     MappedCall call;
-    const bool opened = ctx_.buffers != nullptr;
-    if (opened && openMappedCall(ctx_, args, s, b, 0, &call)) {
+    const Opened how = openNodeCall(ctx_, args, s, b, 0, &call);
+    if (how == Opened::kMapped) {
       mappedStep(ctx_, args, s, true, [&] {
         std::vector<void*> dsts;
         std::vector<const void*> srcs;
@@ -55,16 +55,13 @@ class NodeSchedule : public Schedule {
       });
       return;
     }
-    if (!opened) {
-      openDeviceCall(ctx_, args);
-    }
     copyAsync(out + static_cast<size_t>(me) * b, in, b, s);
     const size_t chunks = chunkCount(b, S);
     for (size_t c = 0; c < chunks; ++c) {
       const size_t off = c * S;
       const size_t n = chunkLen(b, S, c);
       exchange(
-          ctx_, args, s, c == 0 && !opened, [&] { copyAsync(ctx_.ipc->staging(me), in + off, n, s); },
+          ctx_, args, s, c == 0 && how == Opened::kStaged, [&] { copyAsync(ctx_.ipc->staging(me), in + off, n, s); },
           [&] {
             std::vector<void*> dsts;
             std::vector<const void*> srcs;
@@ -88,8 +85,8 @@ class NodeSchedule : public Schedule {
     std::vector<const void*> srcs(static_cast<size_t>(L));
     MappedCall call;
     const size_t block = args.count * es;
-    const bool opened = ctx_.buffers != nullptr;
-    if (opened && openMappedCall(ctx_, args, s, block * static_cast<size_t>(L), 0, &call)) {
+    const Opened how = openNodeCall(ctx_, args, s, block * static_cast<size_t>(L), 0, &call);
+    if (how == Opened::kMapped) {
       mappedStep(ctx_, args, s, true, [&] {
         for (int l = 0; l < L; ++l) {
           srcs[static_cast<size_t>(l)] = call.in[static_cast<size_t>(l)] + static_cast<size_t>(me) * block;
@@ -99,15 +96,12 @@ class NodeSchedule : public Schedule {
       });
       return;
     }
-    if (!opened) {
-      openDeviceCall(ctx_, args);
-    }
     const size_t chunks = chunkCount(args.count, ce);
     for (size_t c = 0; c < chunks; ++c) {
       const size_t off = c * ce;
       const size_t n = chunkLen(args.count, ce, c);
       exchange(
-          ctx_, args, s, c == 0 && !opened,
+          ctx_, args, s, c == 0 && how == Opened::kStaged,
           [&] {
             copyRows(ctx_, ctx_.ipc->staging(me), ce * es, in + off * es, args.count * es, n * es,
                      static_cast<size_t>(L), s);
@@ -133,12 +127,12 @@ class NodeSchedule : public Schedule {
       return;
     }
     MappedCall call;
-    const bool opened = ctx_.buffers != nullptr;
-    if (opened && openMappedCall(ctx_, args, s, bytes, bytes, &call)) {
+    const Opened how = openNodeCall(ctx_, args, s, bytes, bytes, &call);
+    if (how == Opened::kMapped) {
       mappedAllReduce(args, s, call, reduce);
       return;
     }
-    slicedAllReduce(ctx_, args, s, reduce, opened);
+    slicedAllReduce(ctx_, args, s, reduce, how);
   }
 
   void broadcast(const OpArgs& args, cudaStream_t s) override {

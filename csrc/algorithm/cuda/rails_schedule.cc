@@ -207,6 +207,7 @@ class RailsSchedule : public Schedule {
     const int L = ctx_.topo.localSize();
     const ncclDataType_t type = ncclTypeOf(args.dtype());
     const ncclRedOp_t op = ncclOpOf(args.reduce.op);
+    openDeviceCall(ctx_, args);
     slicedAllReduce(ctx_, args, s, [&](const void* const* srcs, uint8_t* result, size_t count) {
       launchReduce(args.reduce, result, srcs, L, count, Sources::kInputs, Result::kPartial,
                    ctx_.config.cuda_reduce_blocks, s);
@@ -215,7 +216,7 @@ class RailsSchedule : public Schedule {
         return ncclAllReduce(result, result, count, type, op, comm, s);
       });
       launchFinalize(args.reduce, result, count, Sources::kPartials, ctx_.config.cuda_reduce_blocks, s);
-    });
+    }, Opened::kStaged);
   }
 
   void broadcast(const OpArgs& args, cudaStream_t s) override {

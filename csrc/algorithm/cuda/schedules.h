@@ -116,7 +116,7 @@ void exchange(
 
 // A CUDA communicator's node arena slots (kArenaSlotBytes, two per rank):
 // slot(l, parity) begins with l's BufferRecords of its call of that parity
-// (openMappedCall); slot(l, 0) + kRevokeBoxOffset holds l's RevokeBox
+// (openNodeCall); slot(l, 0) + kRevokeBoxOffset holds l's RevokeBox
 // (transport/shm/revocations.h).
 constexpr size_t kArenaSlotBytes = 4096;
 constexpr size_t kRevokeBoxOffset = 2048;
@@ -130,14 +130,21 @@ struct MappedCall {
   std::vector<uint8_t*> out;  // empty unless the call maps outputs
 };
 
-// Opens a call that reads the peers' own buffers: publishes this rank's
-// input (`in_bytes` at args.in) and, with `out_bytes` > 0, its output, meets
-// the node once and checks the call. Returns true with every rank's buffers
-// in `call` when every rank's can be mapped; false when some rank's cannot
-// (an empty call, a graph being captured, torch's expandable segments): the
-// call is then open and checked, and goes through the staging buffers with
-// first=false in its first exchange.
-bool openMappedCall(
+// How a one-node call was opened (openNodeCall).
+enum class Opened {
+  kMapped,   // zero-copy: every rank's buffers are in the MappedCall
+  kStaged,   // through the staging buffers; its first exchange checks the call
+  kChecked,  // through the staging buffers, the call already checked: its
+             // first exchange passes first=false
+};
+
+// Opens a one-node call. Without zero-copy: writes its descriptor (kStaged).
+// With it: publishes this rank's input (`in_bytes` at args.in) and, with
+// `out_bytes` > 0, its output, meets the node once and checks the call;
+// kMapped with every rank's buffers in `call` when every rank's can be
+// mapped, kChecked when some rank's cannot (an empty call, a graph being
+// captured, torch's expandable segments).
+Opened openNodeCall(
     DeviceContext& ctx,
     const OpArgs& args,
     cudaStream_t s,
@@ -150,7 +157,7 @@ bool openMappedCall(
 // buffers, and the step ends on every rank's stream only once every peer's
 // consume is done, so that a rank's buffers may change again after its last
 // step (the rule transport/peer_mappings.h relies on). `first`: the step
-// right after openMappedCall.
+// right after openNodeCall.
 void mappedStep(DeviceContext& ctx, const OpArgs& args, cudaStream_t s, bool first, const std::function<void()>& consume);
 
 // AllReduce through the staging buffers, chunk by chunk: each rank reduces
@@ -158,14 +165,14 @@ void mappedStep(DeviceContext& ctx, const OpArgs& args, cudaStream_t s, bool fir
 // from every peer's stage into the result half of its own staging buffer,
 // with `reduceSlice(srcs, result, count)` (the node's kernel; for the rails
 // the kernel, the rail's AllReduce and AVG's division), then every rank
-// gathers every peer's result slice.
-// `opened`: openMappedCall opened the call already.
+// gathers every peer's result slice. The caller has opened the call, `how`
+// (kStaged or kChecked).
 void slicedAllReduce(
     DeviceContext& ctx,
     const OpArgs& args,
     cudaStream_t s,
     const std::function<void(const void* const* srcs, uint8_t* result, size_t count)>& reduceSlice,
-    bool opened = false);
+    Opened how);
 
 // AllReduce of a message that fits one staging buffer, in one exchange: each
 // rank stages its input and reduces every peer's whole stage into its output

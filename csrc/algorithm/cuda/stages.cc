@@ -141,7 +141,8 @@ void slicedAllReduce(
     const OpArgs& args,
     cudaStream_t s,
     const std::function<void(const void* const* srcs, uint8_t* result, size_t count)>& reduceSlice,
-    bool opened) {
+    Opened how) {
+  SMDDP_ASSERT(how != Opened::kMapped, "(a mapped call has no staged AllReduce)");
   const int L = ctx.topo.localSize();
   const int me = ctx.topo.myLocalRank();
   const size_t es = args.elemSize();
@@ -150,9 +151,6 @@ void slicedAllReduce(
   const auto* in = static_cast<const uint8_t*>(args.in);
   auto* out = static_cast<uint8_t*>(args.out);
   std::vector<const void*> srcs(static_cast<size_t>(L));
-  if (!opened) {
-    openDeviceCall(ctx, args);
-  }
   const size_t chunks = chunkCount(args.count, ce);
   for (size_t c = 0; c < chunks; ++c) {
     const size_t off = c * ce;
@@ -160,7 +158,8 @@ void slicedAllReduce(
     const AlignedSlices slices{n, static_cast<size_t>(L), std::max<size_t>(1, 16 / es)};
     const size_t b0 = slices.begin(static_cast<size_t>(me));
     exchange(
-        ctx, args, s, c == 0 && !opened, [&] { copyAsync(ctx.ipc->staging(me), in + off * es, n * es, s); },
+        ctx, args, s, c == 0 && how == Opened::kStaged,
+        [&] { copyAsync(ctx.ipc->staging(me), in + off * es, n * es, s); },
         [&] {
           for (int l = 0; l < L; ++l) {
             srcs[static_cast<size_t>(l)] = ctx.ipc->staging(l) + b0 * es;
@@ -184,13 +183,17 @@ void slicedAllReduce(
   }
 }
 
-bool openMappedCall(
+Opened openNodeCall(
     DeviceContext& ctx,
     const OpArgs& args,
     cudaStream_t s,
     size_t in_bytes,
     size_t out_bytes,
     MappedCall* call) {
+  if (ctx.buffers == nullptr) {
+    openDeviceCall(ctx, args);
+    return Opened::kStaged;
+  }
   const int L = ctx.topo.localSize();
   const int me = ctx.topo.myLocalRank();
   using transport::BufferRecord;
@@ -247,7 +250,7 @@ bool openMappedCall(
           }
         }
         ctx.staged_calls.fetch_add(1, std::memory_order_relaxed);
-        return false;
+        return Opened::kChecked;
       }
     }
   }
@@ -279,7 +282,7 @@ bool openMappedCall(
     }
   }
   ctx.mapped_calls.fetch_add(1, std::memory_order_relaxed);
-  return true;
+  return Opened::kMapped;
 }
 
 void mappedStep(DeviceContext& ctx, const OpArgs& args, cudaStream_t s, bool first, const std::function<void()>& consume) {
