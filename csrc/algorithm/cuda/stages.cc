@@ -200,16 +200,16 @@ Opened openNodeCall(
   using transport::Unmappable;
   BufferRecord mine[2];
   try {
-    mine[0] = ctx.buffers->describe(args.in, in_bytes, s);
-    if (out_bytes > 0) {
-      mine[1] = ctx.buffers->describe(args.out, out_bytes, s);
-    }
-    // Peers may map only what is revoked before it is freed.
-    for (BufferRecord& r : mine) {
-      if (!args.traced_memory && r.why == Unmappable::kMappable) {
-        r = BufferRecord{};
-        r.why = Unmappable::kUntraced;
+    if (args.traced_memory) {
+      mine[0] = ctx.buffers->describe(args.in, in_bytes, s);
+      if (out_bytes > 0) {
+        mine[1] = ctx.buffers->describe(args.out, out_bytes, s);
       }
+    } else {
+      // Peers may map only what is revoked before it is freed: memory
+      // whose free nobody announces is not even published.
+      mine[0].why = in_bytes == 0 ? Unmappable::kEmpty : Unmappable::kUntraced;
+      mine[1].why = out_bytes == 0 ? Unmappable::kEmpty : Unmappable::kUntraced;
     }
   } catch (const Error& e) {
     // The peers would wait in the round below until their timeout.
