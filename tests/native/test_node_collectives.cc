@@ -6,6 +6,7 @@
 #include <unistd.h>
 
 #include <cmath>
+#include <cstdio>
 #include <cstring>
 #include <thread>
 
@@ -309,20 +310,25 @@ SMDDP_TEST(an_abort_message_reaches_every_peer_without_a_wait) {
   // What a rank that fails between host rounds leaves for its peers (the
   // CUDA watchdog reads it while the peers' streams wait on the GPU).
   std::string dir = ::smddp::test::tempDir();
+  const std::string checked = dir + "/checked";
   ::smddp::test::runRanks(2, [&](int rank) {
     ::smddp::test::DirStore store(dir);
     NodeArena arena(store, "arena", rank, iota(2), smallSlots());
-    NodeCollectives node(arena, configFor("auto"));
-    OpArgs a;
-    a.kind = CollectiveKind::kBarrier;
-    a.deadline = Deadline::after(std::chrono::seconds(10));
-    // Before the barrier: no rank can have aborted yet.
-    EXPECT_EQ(arena.abortMessage(), std::string());
-    node.barrier(a);
-    if (rank == 1) {
+    const auto until = std::chrono::steady_clock::now() + std::chrono::seconds(10);
+    if (rank == 0) {
+      // Rank 1 aborts only once this rank has seen the arena not aborted.
+      EXPECT_EQ(arena.abortMessage(), std::string());
+      FILE* f = std::fopen(checked.c_str(), "w");
+      EXPECT_TRUE(f != nullptr);
+      if (f != nullptr) {
+        std::fclose(f);
+      }
+    } else {
+      while (access(checked.c_str(), F_OK) != 0 && std::chrono::steady_clock::now() < until) {
+        std::this_thread::sleep_for(std::chrono::milliseconds(1));
+      }
       arena.abort("allgather #3 could not map the tensor of local rank 0");
     }
-    const auto until = std::chrono::steady_clock::now() + std::chrono::seconds(10);
     while (arena.abortMessage().empty() && std::chrono::steady_clock::now() < until) {
       std::this_thread::sleep_for(std::chrono::milliseconds(1));
     }
