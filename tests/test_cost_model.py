@@ -145,14 +145,15 @@ def test_cuda_reduce_scatter_is_the_node_stage_then_the_rail_stage():
     assert hierarchical_time("reduce_scatter", S, 2, cuda(2)) == pytest.approx(530 * US)
 
 
-def test_cuda_all_reduce_runs_the_rail_on_every_chunk():
-    # Chunks of Z/2 = 500,000 B -> 16. Each: two exchanges (10 us) and the
-    # rail AllReduce's 2(N-1) = 2 steps (20 us) -> 16 x 30 = 480 us. Copies:
-    # the input into the stage 40 us, the own result slice back 8e6/2/200e9 =
-    # 20 us; over NVSwitch the peer's half read by the kernel and its result
-    # slice copied: 2 x 4e6/100e9 = 80 us; the rail's bytes 2 x 2e6 / 5e9 =
-    # 800 us. 480 + 40 + 20 + 80 + 800 = 1420 us.
-    assert hierarchical_time("all_reduce", S, 2, cuda(2)) == pytest.approx(1420 * US)
+def test_cuda_all_reduce_runs_the_rail_once_over_every_chunk():
+    # Chunks of Z/2 = 500,000 B -> 16. Each: two exchanges (10 us) -> 160 us.
+    # The rail AllReduce once, over every chunk's slot: 2(N-1) = 2 steps
+    # (20 us) and its bytes 2 x 2e6 / 5e9 = 800 us. Copies: the input into
+    # the stage 40 us, the own result slice into its slot's stage and back,
+    # 2 x 8e6/2/200e9 = 40 us; over NVSwitch the peer's half read by the
+    # kernel and its result slice copied: 2 x 4e6/100e9 = 80 us. 160 + 20 +
+    # 800 + 40 + 40 + 80 = 1140 us.
+    assert hierarchical_time("all_reduce", S, 2, cuda(2)) == pytest.approx(1140 * US)
 
 
 def test_cuda_one_node_is_the_node_schedule():
@@ -173,6 +174,34 @@ def test_cuda_sync_is_paid_once_per_exchange():
     # A staging buffer twice as large halves the exchanges.
     low = hierarchical_time("reduce_scatter", S, 2, cuda(2, staging_bytes=2_000_000))
     assert hierarchical_time("reduce_scatter", S, 2, cuda(2)) - low == pytest.approx(4 * 5 * US)
+
+
+def test_cuda_pipelined_is_the_slower_stage_plus_one_chunk_of_the_other():
+    # SMDDP_CUDA_PIPELINE: the rail stage chunk by chunk on a stream of its own.
+    m = cuda(2, schedule="cuda-pipelined")
+    # AllGather: 4 chunks (as above). The rail sends per chunk: 4 x 10 us of
+    # latency + 2e6/5e9 = 440 us; the node stage 20 + 20 + 40 = 80 us. Own
+    # block 10 us + 440 + 80/4 = 470 us (500 us unpipelined).
+    assert hierarchical_time("all_gather", S, 2, m) == pytest.approx(470 * US)
+    # ReduceScatter: 8 chunks; node 40 + 40 + 40 = 120 us; rail 8 x 10 + 400
+    # = 480 us; 480 + 120/8 = 495 us (530 us unpipelined).
+    assert hierarchical_time("reduce_scatter", S, 2, m) == pytest.approx(495 * US)
+    # AllReduce: 16 chunks; node 16 x 10 + 40 + 40 + 80 = 320 us; the rail
+    # per chunk 16 x 20 + 800 = 1120 us; 1120 + 320/16 = 1140 us: as
+    # unpipelined, the latency of 15 more rail calls eats the overlap. With
+    # 1 us across nodes: rail 16 x 2 + 800 = 832 us, 832 + 20 = 852 us
+    # against 320 + 2 + 800 = 1122 us unpipelined.
+    assert hierarchical_time("all_reduce", S, 2, m) == pytest.approx(1140 * US)
+    fast = dict(alpha_inter_us=1.0)
+    assert hierarchical_time("all_reduce", S, 2, cuda(2, schedule="cuda-pipelined", **fast)) == pytest.approx(852 * US)
+    assert hierarchical_time("all_reduce", S, 2, cuda(2, **fast)) == pytest.approx(1122 * US)
+    # One node has no rail: the node schedule, as unpipelined.
+    for op in ("all_gather", "reduce_scatter", "all_reduce"):
+        assert hierarchical_time(op, S, 1, m) == pytest.approx(hierarchical_time(op, S, 1, cuda(2))), op
+    # A slow node stage is what the rail hides behind instead.
+    slow = cuda(2, schedule="cuda-pipelined", nvlink_gbs=1.0)
+    # AllGather node: 20 + 20 + 4e6/1e9 = 4040 us; rail 440: 10 + 4040 + 110 = 4160 us.
+    assert hierarchical_time("all_gather", S, 2, slow) == pytest.approx(4160 * US)
 
 
 def test_the_pipelined_cpu_schedule_is_chosen_by_name():

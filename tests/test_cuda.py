@@ -174,9 +174,9 @@ def test_cuda_collectives_emulated_nodes(pools):
 @pytest.mark.timeout(250)
 def test_cuda_rails(pools):
     """2 emulated nodes x 2 ranks with a GPU each: the rails mode (NCCL between
-    the nodes, device_setup's plan), its AllGather and ReduceScatter also with
-    the rail stage pipelined on a stream of its own (SMDDP_CUDA_PIPELINE=1),
-    sizes that span several chunks of a 1M staging buffer."""
+    the nodes, device_setup's plan), also with the rail stage pipelined on a
+    stream of its own (SMDDP_CUDA_PIPELINE=1), sizes that span several chunks
+    of a 1M staging buffer."""
     if not torch.cuda.is_available() or torch.cuda.device_count() < 4:
         pytest.skip("needs 4 GPUs (a GPU per rank, so that the nodes meet through NCCL rails)")
     for pipeline in ("0", "1"):

@@ -1,7 +1,8 @@
 // The arithmetic of the CUDA schedules that needs no GPU: how a reduction is
 // cut into a scalar head, 16-byte vectors and a scalar tail; how a node's
 // AllReduce cuts its slices so that every slice starts 16-byte aligned; how a
-// peer's blocks that land at regular offsets become one strided copy. Torch-
+// peer's blocks that land at regular offsets become one strided copy; in what
+// order a sliced AllReduce enqueues its steps on two streams. Torch-
 // and CUDA-free, so that the native tests check it on the host; the CUDA
 // path (algorithm/cuda/) only executes the plans.
 #pragma once
@@ -78,6 +79,69 @@ inline bool evenlySpaced(const std::vector<size_t>& offsets, size_t* stride) {
   }
   *stride = d;
   return true;
+}
+
+// A sliced AllReduce (algorithm/cuda/schedules.h: slicedAllReduce) runs, for
+// each chunk c, a reduction over the node of this rank's slice of the chunk
+// and a gather of every rank's reduced slice of it; over the rails, a rail
+// step all-reduces slices across the nodes in between:
+//   kNone      (one node) chunk by chunk: reduce c, gather c;
+//   kWhole     every chunk reduced into its own slot of this rank's memory,
+//              one rail step over all the slots (the rail's latency paid
+//              once per call), every chunk gathered from its slot; all on
+//              the collective's stream;
+//   kPerChunk  (SMDDP_CUDA_PIPELINE) chunk c reduced into slot c % 2, its
+//              rail step on the rail's stream after an event of the
+//              reduction, its gather after an event of the rail step; the
+//              host enqueues chunk c+1's reduction and rail step before chunk
+//              c's gather, so that chunk c is on the network while chunk c+1
+//              crosses the node, and a slot is written again (chunk c+2)
+//              only after chunk c's gather, earlier on the same stream, has
+//              read it.
+enum class RailSteps : uint8_t { kNone, kWhole, kPerChunk };
+enum class SliceStep : uint8_t { kReduce, kRail, kGather };
+
+// A step over chunks [first, first + count).
+struct PlannedStep {
+  SliceStep step;
+  size_t first;
+  size_t count = 1;
+};
+
+inline std::vector<PlannedStep> slicedAllReducePlan(size_t chunks, RailSteps rail) {
+  std::vector<PlannedStep> plan;
+  switch (rail) {
+    case RailSteps::kNone:
+      for (size_t c = 0; c < chunks; ++c) {
+        plan.push_back({SliceStep::kReduce, c});
+        plan.push_back({SliceStep::kGather, c});
+      }
+      break;
+    case RailSteps::kWhole:
+      for (size_t c = 0; c < chunks; ++c) {
+        plan.push_back({SliceStep::kReduce, c});
+      }
+      if (chunks > 0) {
+        plan.push_back({SliceStep::kRail, 0, chunks});
+      }
+      for (size_t c = 0; c < chunks; ++c) {
+        plan.push_back({SliceStep::kGather, c});
+      }
+      break;
+    case RailSteps::kPerChunk:
+      for (size_t c = 0; c < chunks; ++c) {
+        plan.push_back({SliceStep::kReduce, c});
+        plan.push_back({SliceStep::kRail, c});
+        if (c > 0) {
+          plan.push_back({SliceStep::kGather, c - 1});
+        }
+      }
+      if (chunks > 0) {
+        plan.push_back({SliceStep::kGather, chunks - 1});
+      }
+      break;
+  }
+  return plan;
 }
 
 } // namespace smddp::algorithm

@@ -155,11 +155,13 @@ constexpr int kYieldUsOversubscribed = 2000;
     "ranks instead of two (a ReduceScatter, then an AllGather), for L times "  \
     "the reads; the bits are the same. 0: always two steps.")                  \
   X(cuda_pipeline, "SMDDP_CUDA_PIPELINE", true, bool, "0", "",                        \
-    "Rails AllGather and ReduceScatter: the rail's transfers on a stream of "  \
-    "their own, chunk by chunk, each waiting only for the node-stage chunk it " \
-    "needs (and the reverse), so that one chunk crosses the node while "     \
-    "another is on the network (0: the whole rail stage and the whole node " \
-    "stage one after the other, on the collective's stream).")               \
+    "Rails AllGather, ReduceScatter and AllReduce: the rail's transfers on " \
+    "a stream of their own, a rail call per chunk, each waiting only for "  \
+    "the node-stage chunk it needs (and the reverse), so that one chunk "   \
+    "crosses the node while another is on the network, at the price of "    \
+    "the rail's latency once per chunk (0: one rail call per collective, "  \
+    "the rail stage and the node stage one after the other on the "          \
+    "collective's stream).")                                                  \
   X(cuda_zero_copy, "SMDDP_CUDA_ZERO_COPY", true, bool, "0", "",                      \
     "One-node CUDA AllGather, ReduceScatter and AllReduce: the node's ranks "  \
     "map each other's tensors (CUDA IPC of the caching allocator's segments, " \

@@ -28,7 +28,7 @@ from smddp.bench.units import parse_counts, parse_size, parse_size_list, positiv
 
 MODEL_OPS = ("all_gather", "reduce_scatter", "all_reduce")
 # smddp's schedules the model knows, by the code path that runs them.
-SCHEDULES = ("cuda", "cpu-pipelined")
+SCHEDULES = ("cuda", "cuda-pipelined", "cpu-pipelined")
 
 
 @dataclass(frozen=True)
@@ -47,7 +47,8 @@ class Machine:
     chunk_bytes: int = 1 << 20  # cpu-pipelined: the pipeline chunk (SMDDP_CHUNK_BYTES)
     node_gbps: float = 0.0  # effective network rate of a node; 0: nics*nic_gbps*net_efficiency
     # Which of smddp's schedules runs (SCHEDULES): cuda, the GPU path's node
-    # and rails schedules; cpu-pipelined, the host path's stages side by side.
+    # and rails schedules (cuda-pipelined: with SMDDP_CUDA_PIPELINE);
+    # cpu-pipelined, the host path's stages side by side.
     schedule: str = "cpu-pipelined"
     staging_bytes: int = 32 << 20  # cuda: each rank's staging buffer (SMDDP_CUDA_STAGING_BYTES)
     copy_gbs: float = 0.0  # cuda: bytes/s of a copy inside one GPU, GB/s; 0: not modelled
@@ -111,7 +112,7 @@ def hierarchical_time(op: str, size: float, nodes: int, m: Machine) -> float:
     """Seconds of smddp's schedule for ``op`` on ``size`` bytes: the one
     ``m.schedule`` names."""
     _check(op, nodes, m)
-    return cuda_time(op, size, nodes, m) if m.schedule == "cuda" else pipelined_time(op, size, nodes, m)
+    return pipelined_time(op, size, nodes, m) if m.schedule == "cpu-pipelined" else cuda_time(op, size, nodes, m)
 
 
 def pipelined_time(op: str, size: float, nodes: int, m: Machine) -> float:
@@ -133,44 +134,54 @@ def pipelined_time(op: str, size: float, nodes: int, m: Machine) -> float:
 
 def cuda_time(op: str, size: float, nodes: int, m: Machine) -> float:
     """Seconds of the CUDA path (algorithm/cuda): the node schedule on one
-    node, the rails schedule on several, every step on the caller's stream,
-    so stages and chunks add up. The node stage runs through the staging
-    buffers, one exchange per chunk (sync_us: its two meetings of the node's
-    ranks); the rail is NCCL on the N ranks of local rank l, a ring of N-1
-    steps (AllGather's grouped send/recv: one round per peer)."""
+    node, the rails schedule on several. The node stage runs through the
+    staging buffers, one exchange per chunk (sync_us: its two meetings of the
+    node's ranks); the rail is NCCL on the N ranks of local rank l, a ring of
+    N-1 steps (AllGather's grouped send/recv: one round per peer). Schedule
+    cuda: every step on the caller's stream, so stages and chunks add up;
+    cuda-pipelined (SMDDP_CUDA_PIPELINE): the rail stage chunk by chunk on a
+    stream of its own, so the slower stage plus one chunk of the faster."""
     _check(op, nodes, m)
     n, g, z = nodes, m.gpus_per_node, m.staging_bytes
     nv, share = m.nvlink_gbs * 1e9, m.nic_share_gbs * 1e9
     copy = m.copy_gbs * 1e9 if m.copy_gbs else math.inf
     sync, alpha = m.sync_us * 1e-6, m.alpha_inter_us * 1e-6
     block = size / (n * g)
-
-    def rail(steps: int, step_bytes: float) -> float:
-        return steps * (alpha + step_bytes / share)
-
+    pipelined = m.schedule == "cuda-pipelined"
     if op == "all_gather":
         # The own block into the output; the rail's blocks straight into the
-        # output; then per chunk of Z/N bytes of each of the rail's N blocks:
-        # the N blocks into the own stage, an exchange, each of the G-1 peers'
-        # stages copied out over NVSwitch.
+        # output; per chunk of Z/N bytes of each of the rail's N blocks: the
+        # N blocks into the own stage, an exchange, each of the G-1 peers'
+        # stages copied out over NVSwitch. Pipelined, the rail's sends go
+        # chunk by chunk too.
         chunks = math.ceil(block / max(1, z // n))
-        return (block / copy + rail(n - 1, block)
-                + chunks * sync + n * block / copy + (g - 1) * n * block / nv)  # fmt: skip
-    if op == "reduce_scatter":
+        fixed = block / copy
+        node = chunks * sync + n * block / copy + (g - 1) * n * block / nv
+        rail = (chunks if pipelined else 1) * (n - 1) * alpha + (n - 1) * block / share
+    elif op == "reduce_scatter":
         # Per chunk of Z/(N*G) bytes of every block: the input's rows into the
         # stage, an exchange, one kernel reducing the rail's N blocks from
         # every stage (G-1 of them over NVSwitch); then the rail's
-        # ReduceScatter of the node's partials.
+        # ReduceScatter of the node's partials (pipelined: of each chunk's).
         chunks = math.ceil(block / max(1, z // (n * g)))
-        return chunks * sync + size / copy + (g - 1) * n * block / nv + rail(n - 1, block)
-    # AllReduce, per chunk of Z/2 bytes (the other half holds the results):
-    # the chunk into the stage, an exchange, the own slice (1/G) reduced over
-    # the node and all-reduced over the rail (2(N-1) steps of a 1/N of it),
-    # an exchange, every slice copied out (the own one locally).
-    half = max(16, z // 2 // 16 * 16)
-    chunks = math.ceil(size / half)
-    return (chunks * (2 * sync + 2 * (n - 1) * alpha) + size / copy + size / g / copy
-            + 2 * (g - 1) * size / g / nv + 2 * (n - 1) * size / (g * n) / share)  # fmt: skip
+        fixed = 0.0
+        node = chunks * sync + size / copy + (g - 1) * n * block / nv
+        rail = (chunks if pipelined else 1) * (n - 1) * alpha + (n - 1) * block / share
+    else:
+        # AllReduce, per chunk of Z/2 bytes (the other half holds the
+        # results): the chunk into the stage, an exchange, the own slice
+        # (1/G) reduced over the node (over the rails into a slot of the
+        # rank's own memory); the rail's AllReduce of the slots (2(N-1) steps
+        # of a 1/N of them), once per call, pipelined once per chunk; per
+        # chunk an exchange (the own slice from its slot into the stage) and
+        # every slice copied out (the own one locally).
+        chunks = math.ceil(size / max(16, z // 2 // 16 * 16))
+        fixed = 0.0
+        node = chunks * 2 * sync + size / copy + (2 if n > 1 else 1) * size / g / copy + 2 * (g - 1) * size / g / nv
+        rail = (chunks if pipelined else 1) * 2 * (n - 1) * alpha + 2 * (n - 1) * size / (g * n) / share
+    if not pipelined:
+        return fixed + node + rail
+    return fixed + max(node, rail) + min(node, rail) / chunks
 
 
 @dataclass(frozen=True)
@@ -234,8 +245,9 @@ _CONSTANTS: dict[str, tuple[Any, str]] = {
     "chunk_bytes": (at_least(1, parse_size), "cpu-pipelined: the pipeline chunk [1M]"),
     "schedule": (str,
                  "smddp's schedule: cuda (the GPU path: stages one after the other, the node "
-                 "stage through the staging buffers) or cpu-pipelined (the host path: stages "
-                 "side by side) [the preset's: cuda]"),
+                 "stage through the staging buffers), cuda-pipelined (the same with "
+                 "SMDDP_CUDA_PIPELINE=1: the rail stage on a stream of its own, chunk by chunk) "
+                 "or cpu-pipelined (the host path: stages side by side) [the preset's: cuda]"),
     "staging_bytes": (at_least(1, parse_size),
                       "cuda: each rank's staging buffer, SMDDP_CUDA_STAGING_BYTES [32M]"),
     "copy_gbs": (positive, "cuda: GB/s of a copy inside one GPU (read and write)"),
@@ -306,9 +318,11 @@ def describe(m: Machine) -> str:
 
 def describe_schedule(m: Machine) -> str:
     """smddp's schedule and its constants, in one line."""
-    if m.schedule == "cuda":
+    if m.schedule.startswith("cuda"):
         copy = f"{m.copy_gbs:.4g} GB/s" if m.copy_gbs else "not modelled"
-        return (f"the CUDA schedule, stages one after the other; staging buffer "
+        how = ("the rail stage on a stream of its own, chunk by chunk (SMDDP_CUDA_PIPELINE)"
+               if m.schedule == "cuda-pipelined" else "stages one after the other")  # fmt: skip
+        return (f"the CUDA schedule, {how}; staging buffer "
                 f"{format_size(m.staging_bytes)}, {m.sync_us:.4g} us per exchange, copies in a GPU {copy}")
     return f"the CPU pipelined schedule, stages side by side in chunks of {format_size(m.chunk_bytes)}"
 

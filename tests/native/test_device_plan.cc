@@ -1,7 +1,9 @@
 // The CUDA schedules' arithmetic that needs no GPU (algorithm/device_plan.h):
 // the head/vector/tail split of a reduction, 16-byte aligned AllReduce
-// slices, and evenly spaced blocks.
+// slices, evenly spaced blocks, and the order of a sliced AllReduce's steps
+// on two streams.
 #include <numeric>
+#include <set>
 
 #include "algorithm/device_plan.h"
 #include "harness.h"
@@ -11,6 +13,8 @@ using algorithm::AlignedSlices;
 using algorithm::AlignedSplit;
 using algorithm::alignedSplit;
 using algorithm::evenlySpaced;
+using algorithm::SliceStep;
+using algorithm::slicedAllReducePlan;
 
 SMDDP_TEST(split_covers_every_element_once) {
   for (size_t es : {size_t{2}, size_t{4}}) {
@@ -73,4 +77,100 @@ SMDDP_TEST(evenly_spaced_blocks) {
   EXPECT_TRUE(!evenlySpaced({0, 4096, 12288}, &stride));
   EXPECT_TRUE(!evenlySpaced({4096}, &stride));
   EXPECT_TRUE(!evenlySpaced({8192, 4096}, &stride));
+}
+
+namespace {
+
+using algorithm::PlannedStep;
+using algorithm::RailSteps;
+
+bool covers(const PlannedStep& st, size_t c) {
+  return st.first <= c && c < st.first + st.count;
+}
+
+// Which step of a plan happens before which, when the steps are enqueued in
+// plan order: the reductions and gathers in order on the collective's
+// stream; the rail steps on the rail's stream when `two_streams`, each after
+// the reductions of its chunks and before their gathers (events), else in
+// order on the collective's stream too. after[i][j]: step j starts only
+// after step i has ended.
+std::vector<std::vector<bool>> happensBefore(const std::vector<PlannedStep>& plan, bool two_streams) {
+  const size_t n = plan.size();
+  std::vector<std::vector<bool>> after(n, std::vector<bool>(n, false));
+  for (size_t j = 0; j < n; ++j) {
+    for (size_t i = 0; i < j; ++i) {
+      const bool rail_i = plan[i].step == SliceStep::kRail;
+      const bool rail_j = plan[j].step == SliceStep::kRail;
+      const bool same_stream = !two_streams || rail_i == rail_j;
+      const bool event = (plan[i].step == SliceStep::kReduce && rail_j && covers(plan[j], plan[i].first)) ||
+          (rail_i && plan[j].step == SliceStep::kGather && covers(plan[i], plan[j].first));
+      after[i][j] = same_stream || event;
+    }
+  }
+  for (size_t k = 0; k < n; ++k) {  // transitive closure
+    for (size_t i = 0; i < n; ++i) {
+      for (size_t j = 0; j < n; ++j) {
+        after[i][j] = after[i][j] || (after[i][k] && after[k][j]);
+      }
+    }
+  }
+  return after;
+}
+
+} // namespace
+
+SMDDP_TEST(sliced_allreduce_plan_orders_every_slot_use) {
+  for (RailSteps rail : {RailSteps::kNone, RailSteps::kWhole, RailSteps::kPerChunk}) {
+    const bool two_streams = rail == RailSteps::kPerChunk;
+    for (size_t chunks = 1; chunks <= 7; ++chunks) {
+      const auto plan = slicedAllReducePlan(chunks, rail);
+      // Every chunk reduced once, through the rail once (unless there is no
+      // rail) and gathered once.
+      for (size_t c = 0; c < chunks; ++c) {
+        for (SliceStep what : {SliceStep::kReduce, SliceStep::kRail, SliceStep::kGather}) {
+          size_t n = 0;
+          for (const auto& st : plan) {
+            n += st.step == what && covers(st, c) ? 1 : 0;
+          }
+          EXPECT_EQ(n, size_t{what == SliceStep::kRail && rail == RailSteps::kNone ? 0 : 1});
+        }
+      }
+      const auto after = happensBefore(plan, two_streams);
+      for (size_t i = 0; i < plan.size(); ++i) {
+        for (size_t j = 0; j < plan.size(); ++j) {
+          const auto& a = plan[i];
+          const auto& b = plan[j];
+          for (size_t c = a.first; c < a.first + a.count; ++c) {
+            // Within a chunk: reduced, then through the rail, then gathered.
+            if (covers(b, c) && static_cast<int>(a.step) < static_cast<int>(b.step)) {
+              EXPECT_TRUE(after[i][j]);
+            }
+            // A slot (chunk % 2 on two streams) is written again only after
+            // every step of the chunk that used it before has ended.
+            for (size_t d = b.first; two_streams && d < b.first + b.count; ++d) {
+              if (c < d && c % 2 == d % 2) {
+                EXPECT_TRUE(after[i][j]);
+              }
+            }
+          }
+        }
+      }
+      // What the pipeline is for: chunk c's rail step may run while chunk
+      // c+1 is reduced over the node (neither waits for the other).
+      for (size_t i = 0; two_streams && i < plan.size(); ++i) {
+        for (size_t j = 0; j < plan.size(); ++j) {
+          if (plan[i].step == SliceStep::kRail && plan[j].step == SliceStep::kReduce &&
+              plan[j].first == plan[i].first + 1) {
+            EXPECT_TRUE(!after[i][j] && !after[j][i]);
+          }
+        }
+      }
+      // Without it, one rail step at most: its latency paid once per call.
+      size_t rails = 0;
+      for (const auto& st : plan) {
+        rails += st.step == SliceStep::kRail ? 1 : 0;
+      }
+      EXPECT_EQ(rails, rail == RailSteps::kPerChunk ? chunks : rail == RailSteps::kWhole ? size_t{1} : size_t{0});
+    }
+  }
 }

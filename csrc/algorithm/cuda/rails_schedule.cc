@@ -12,9 +12,11 @@
 //                   partials over the rail, member m keeping block m
 //                   (SMDDP_CUDA_PIPELINE: each chunk's partials as soon as
 //                   the node has them, on the rail's stream)
-//   AllReduce:      per chunk, each rank reduces its slice over the node,
-//                   all-reduces it over the rail (NCCL), and every rank
-//                   gathers the node's slices
+//   AllReduce:      each rank reduces its slice of every chunk over the
+//                   node, all-reduces its slices over the rail (NCCL, one
+//                   call), and every rank gathers the node's slices
+//                   (SMDDP_CUDA_PIPELINE: a call per chunk on the rail's
+//                   stream, while the node reduces the next chunk)
 #include <algorithm>
 
 #include "algorithm/cuda/device_reduce.h"
@@ -203,20 +205,43 @@ class RailsSchedule : public Schedule {
     launchFinalize(args.reduce, args.out, args.count, Sources::kPartials, ctx_.config.cuda_reduce_blocks, s);
   }
 
+  // The node's reduction of every chunk's slice into a slot of this rank's
+  // own memory, the rail's AllReduce over all the slots at once (its
+  // latency paid once per call, not once per chunk), then the node's gather
+  // of every slot. SMDDP_CUDA_PIPELINE: each chunk's slot all-reduced over
+  // the rail on the rail's stream (two slots), so that chunk c is on the
+  // network while chunk c+1 is reduced over the node.
   void allReduce(const OpArgs& args, cudaStream_t s) override {
     const int L = ctx_.topo.localSize();
     const ncclDataType_t type = ncclTypeOf(args.dtype());
     const ncclRedOp_t op = ncclOpOf(args.reduce.op);
+    const bool pipelined = ctx_.config.cuda_pipeline;
+    SliceRail rail;
+    rail.steps = pipelined ? RailSteps::kPerChunk : RailSteps::kWhole;
+    // Slots 256-byte aligned, as the allocator's are: the kernel reads
+    // vectors, and every element count is whole.
+    rail.slot_bytes = (slicedAllReduceSliceBytes(ctx_, args) + 255) / 256 * 256;
+    rail.slots = partials_.reserve((pipelined ? 2 : slicedAllReduceChunks(ctx_, args)) * rail.slot_bytes, s);
+    if (pipelined) {
+      reserveEvents(4);
+      rail.stream = railStream();
+      rail.reduced[0] = chunk_events_[0];
+      rail.reduced[1] = chunk_events_[1];
+      rail.railed[0] = chunk_events_[2];
+      rail.railed[1] = chunk_events_[3];
+    }
+    // Rail: slices over the nodes, then AVG's division.
+    rail.run = [&](uint8_t* slices, size_t count, cudaStream_t st) {
+      ctx_.rail->run("the rail AllReduce", args.deadline, [&](ncclComm_t comm) {
+        return ncclAllReduce(slices, slices, count, type, op, comm, st);
+      });
+      launchFinalize(args.reduce, slices, count, Sources::kPartials, ctx_.config.cuda_reduce_blocks, st);
+    };
     openDeviceCall(ctx_, args);
     slicedAllReduce(ctx_, args, s, [&](const void* const* srcs, uint8_t* result, size_t count) {
       launchReduce(args.reduce, result, srcs, L, count, Sources::kInputs, Result::kPartial,
                    ctx_.config.cuda_reduce_blocks, s);
-      // Rail: my slice over the nodes, then AVG's division.
-      ctx_.rail->run("the rail AllReduce", args.deadline, [&](ncclComm_t comm) {
-        return ncclAllReduce(result, result, count, type, op, comm, s);
-      });
-      launchFinalize(args.reduce, result, count, Sources::kPartials, ctx_.config.cuda_reduce_blocks, s);
-    }, Opened::kStaged);
+    }, Opened::kStaged, &rail);
   }
 
   void broadcast(const OpArgs& args, cudaStream_t s) override {

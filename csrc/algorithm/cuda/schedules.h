@@ -14,6 +14,7 @@
 #include "algorithm/cuda/device_memory.h"
 #include "algorithm/cuda/device_sync.h"
 #include "algorithm/chunks.h"
+#include "algorithm/device_plan.h"
 #include "algorithm/node_collectives.h"
 #include "algorithm/op.h"
 #include "common/config.h"
@@ -160,11 +161,31 @@ Opened openNodeCall(
 // right after openNodeCall.
 void mappedStep(DeviceContext& ctx, const OpArgs& args, cudaStream_t s, bool first, const std::function<void()>& consume);
 
+// The rail stage of a sliced AllReduce over the rails (its steps and their
+// order: algorithm/device_plan.h, slicedAllReducePlan). `run(slices, count,
+// stream)` all-reduces `count` elements of reduced slices across the nodes,
+// in place, and applies what the node's reduction left (AVG's division), on
+// `stream`. Each chunk's slice lies in a slot of `slot_bytes`
+// (slicedAllReduceSliceBytes, rounded up) in this rank's own memory at
+// `slots`: `steps` kWhole, slot c of `chunks` (one rail step over them all,
+// on the collective's stream); kPerChunk (SMDDP_CUDA_PIPELINE), slot c % 2
+// of two, its rail step on `stream`, `reduced[k]` and `railed[k]` marking the
+// end of slot k's reduction and rail step.
+struct SliceRail {
+  RailSteps steps = RailSteps::kWhole;
+  cudaStream_t stream = nullptr;
+  uint8_t* slots = nullptr;
+  size_t slot_bytes = 0;
+  cudaEvent_t reduced[2] = {};
+  cudaEvent_t railed[2] = {};
+  std::function<void(uint8_t* slices, size_t count, cudaStream_t stream)> run;
+};
+
 // AllReduce through the staging buffers, chunk by chunk: each rank reduces
 // its slice of the chunk (16-byte aligned, so that the kernel reads vectors)
-// from every peer's stage into the result half of its own staging buffer,
-// with `reduceSlice(srcs, result, count)` (the node's kernel; for the rails
-// the kernel, the rail's AllReduce and AVG's division), then every rank
+// from every peer's stage with `reduceSlice(srcs, result, count)` (the
+// node's kernel) into the result half of its own staging buffer, or with
+// `rail` into a slot that the rail stage then all-reduces; then every rank
 // gathers every peer's result slice. The caller has opened the call, `how`
 // (kStaged or kChecked).
 void slicedAllReduce(
@@ -172,7 +193,13 @@ void slicedAllReduce(
     const OpArgs& args,
     cudaStream_t s,
     const std::function<void(const void* const* srcs, uint8_t* result, size_t count)>& reduceSlice,
-    Opened how);
+    Opened how,
+    const SliceRail* rail = nullptr);
+
+// How many chunks slicedAllReduce cuts a call into, and the largest slice it
+// gives this rank, in bytes.
+size_t slicedAllReduceChunks(const DeviceContext& ctx, const OpArgs& args);
+size_t slicedAllReduceSliceBytes(const DeviceContext& ctx, const OpArgs& args);
 
 // AllReduce of a message that fits one staging buffer, in one exchange: each
 // rank stages its input and reduces every peer's whole stage into its output

@@ -136,50 +136,120 @@ void exchange(
   ctx.node->round(args.deadline);
 }
 
+namespace {
+
+// How slicedAllReduce cuts a call: chunks of `ce` elements, each of which
+// fills the input half of a stage (its results take the other half).
+struct SliceChunks {
+  SliceChunks(const DeviceContext& ctx, const OpArgs& args)
+      : es(args.elemSize()),
+        half(ctx.ipc->stagingBytes() / 2 / 16 * 16),
+        ce(std::max<size_t>(1, half / es)),
+        parts(static_cast<size_t>(ctx.topo.localSize())) {}
+
+  size_t len(size_t count, size_t c) const {
+    return chunkLen(count, ce, c);
+  }
+  AlignedSlices slices(size_t n) const {
+    return AlignedSlices{n, parts, std::max<size_t>(1, 16 / es)};
+  }
+
+  size_t es;
+  size_t half;
+  size_t ce;
+  size_t parts;
+};
+
+} // namespace
+
+size_t slicedAllReduceChunks(const DeviceContext& ctx, const OpArgs& args) {
+  return chunkCount(args.count, SliceChunks(ctx, args).ce);
+}
+
+size_t slicedAllReduceSliceBytes(const DeviceContext& ctx, const OpArgs& args) {
+  const SliceChunks k(ctx, args);
+  // The first chunk is the longest, and its first slice the longest in it.
+  return k.slices(k.len(args.count, 0)).size(0) * k.es;
+}
+
 void slicedAllReduce(
     DeviceContext& ctx,
     const OpArgs& args,
     cudaStream_t s,
     const std::function<void(const void* const* srcs, uint8_t* result, size_t count)>& reduceSlice,
-    Opened how) {
+    Opened how,
+    const SliceRail* rail) {
   SMDDP_ASSERT(how != Opened::kMapped, "(a mapped call has no staged AllReduce)");
   const int L = ctx.topo.localSize();
-  const int me = ctx.topo.myLocalRank();
-  const size_t es = args.elemSize();
-  const size_t half = ctx.ipc->stagingBytes() / 2 / 16 * 16;
-  const size_t ce = std::max<size_t>(1, half / es);
+  const size_t me = static_cast<size_t>(ctx.topo.myLocalRank());
+  const SliceChunks k(ctx, args);
+  const size_t es = k.es;
+  const size_t chunks = chunkCount(args.count, k.ce);
   const auto* in = static_cast<const uint8_t*>(args.in);
   auto* out = static_cast<uint8_t*>(args.out);
+  uint8_t* result = ctx.ipc->staging(static_cast<int>(me)) + k.half;
+  const RailSteps steps = rail != nullptr ? rail->steps : RailSteps::kNone;
+  const bool two_streams = steps == RailSteps::kPerChunk;
+  auto slot = [&](size_t c) { return rail->slots + (two_streams ? c % 2 : c) * rail->slot_bytes; };
   std::vector<const void*> srcs(static_cast<size_t>(L));
-  const size_t chunks = chunkCount(args.count, ce);
-  for (size_t c = 0; c < chunks; ++c) {
-    const size_t off = c * ce;
-    const size_t n = chunkLen(args.count, ce, c);
-    const AlignedSlices slices{n, static_cast<size_t>(L), std::max<size_t>(1, 16 / es)};
-    const size_t b0 = slices.begin(static_cast<size_t>(me));
-    exchange(
-        ctx, args, s, c == 0 && how == Opened::kStaged,
-        [&] { copyAsync(ctx.ipc->staging(me), in + off * es, n * es, s); },
-        [&] {
-          for (int l = 0; l < L; ++l) {
-            srcs[static_cast<size_t>(l)] = ctx.ipc->staging(l) + b0 * es;
-          }
-          reduceSlice(srcs.data(), ctx.ipc->staging(me) + half + b0 * es, slices.size(static_cast<size_t>(me)));
-        });
-    exchange(
-        ctx, args, s, false, [] {},
-        [&] {
-          std::vector<void*> dsts;
-          std::vector<const void*> from;
-          std::vector<size_t> sizes;
-          for (int l = 0; l < L; ++l) {
-            const size_t bl = slices.begin(static_cast<size_t>(l));
-            dsts.push_back(out + (off + bl) * es);
-            from.push_back(ctx.ipc->staging(l) + half + bl * es);
-            sizes.push_back(slices.size(static_cast<size_t>(l)) * es);
-          }
-          copyBatch(ctx, dsts, from, sizes, s);
-        });
+  for (const PlannedStep& step : slicedAllReducePlan(chunks, steps)) {
+    const size_t c = step.first;
+    const size_t off = c * k.ce;
+    const size_t n = k.len(args.count, c);
+    const AlignedSlices slices = k.slices(n);
+    const size_t b0 = slices.begin(me);
+    const size_t mine = slices.size(me);
+    switch (step.step) {
+      case SliceStep::kReduce:
+        exchange(
+            ctx, args, s, c == 0 && how == Opened::kStaged,
+            [&] { copyAsync(ctx.ipc->staging(static_cast<int>(me)), in + off * es, n * es, s); },
+            [&] {
+              for (int l = 0; l < L; ++l) {
+                srcs[static_cast<size_t>(l)] = ctx.ipc->staging(l) + b0 * es;
+              }
+              reduceSlice(srcs.data(), rail != nullptr ? slot(c) : result + b0 * es, mine);
+            });
+        if (two_streams) {
+          cudaCheck(cudaEventRecord(rail->reduced[c % 2], s), "cudaEventRecord");
+        }
+        break;
+      case SliceStep::kRail:
+        if (two_streams) {
+          cudaCheck(cudaStreamWaitEvent(rail->stream, rail->reduced[c % 2], 0), "cudaStreamWaitEvent");
+          rail->run(slot(c), mine, rail->stream);
+          cudaCheck(cudaEventRecord(rail->railed[c % 2], rail->stream), "cudaEventRecord");
+        } else {
+          // Every slot at once, the padding between slices too (it is never
+          // read): the same count on every member of the rail.
+          rail->run(rail->slots, step.count * rail->slot_bytes / es, s);
+        }
+        break;
+      case SliceStep::kGather:
+        if (two_streams) {
+          cudaCheck(cudaStreamWaitEvent(s, rail->railed[c % 2], 0), "cudaStreamWaitEvent");
+        }
+        exchange(
+            ctx, args, s, false,
+            [&] {
+              if (rail != nullptr) {
+                copyAsync(result + b0 * es, slot(c), mine * es, s);
+              }
+            },
+            [&] {
+              std::vector<void*> dsts;
+              std::vector<const void*> from;
+              std::vector<size_t> sizes;
+              for (int l = 0; l < L; ++l) {
+                const size_t bl = slices.begin(static_cast<size_t>(l));
+                dsts.push_back(out + (off + bl) * es);
+                from.push_back(ctx.ipc->staging(l) + k.half + bl * es);
+                sizes.push_back(slices.size(static_cast<size_t>(l)) * es);
+              }
+              copyBatch(ctx, dsts, from, sizes, s);
+            });
+        break;
+    }
   }
 }
 
