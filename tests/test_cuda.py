@@ -171,18 +171,20 @@ def test_cuda_collectives_emulated_nodes(pools):
         assert failures == []
 
 
-@pytest.mark.timeout(250)
+@pytest.mark.timeout(450)
 def test_cuda_rails(pools):
     """2 emulated nodes x 2 ranks with a GPU each: the rails mode (NCCL between
-    the nodes, device_setup's plan), also with the rail stage pipelined on a
-    stream of its own (SMDDP_CUDA_PIPELINE=1), sizes that span several chunks
-    of a 1M staging buffer."""
+    the nodes, device_setup's plan), with the rail stage pipelined on a
+    stream of its own (SMDDP_CUDA_PIPELINE=1) and without, the rail
+    AllGather as send/recv and as ncclAllGather (SMDDP_CUDA_RAIL_ALLGATHER),
+    sizes that span several chunks of a 1M staging buffer."""
     if not torch.cuda.is_available() or torch.cuda.device_count() < 4:
         pytest.skip("needs 4 GPUs (a GPU per rank, so that the nodes meet through NCCL rails)")
-    for pipeline in ("0", "1"):
-        pool = pools(4, SMDDP_RANKS_PER_NODE="2", SMDDP_CUDA_STAGING_BYTES="1M", SMDDP_CUDA_PIPELINE=pipeline)
+    for pipeline, rail_allgather in (("0", "sendrecv"), ("1", "sendrecv"), ("0", "nccl"), ("1", "nccl")):
+        pool = pools(4, SMDDP_RANKS_PER_NODE="2", SMDDP_CUDA_STAGING_BYTES="1M", SMDDP_CUDA_PIPELINE=pipeline,
+                     SMDDP_CUDA_RAIL_ALLGATHER=rail_allgather)
         for failures in pool.run(case_collectives, [0, 7, 4099, (1 << 20) + 3], timeout=200):
-            assert failures == [], f"SMDDP_CUDA_PIPELINE={pipeline}"
+            assert failures == [], f"SMDDP_CUDA_PIPELINE={pipeline} SMDDP_CUDA_RAIL_ALLGATHER={rail_allgather}"
 
 
 def case_zero_copy_buffers(n: int) -> list[str]:

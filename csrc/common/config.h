@@ -162,6 +162,13 @@ constexpr int kYieldUsOversubscribed = 2000;
     "the rail's latency once per chunk (0: one rail call per collective, "  \
     "the rail stage and the node stage one after the other on the "          \
     "collective's stream).")                                                  \
+  X(cuda_rail_allgather, "SMDDP_CUDA_RAIL_ALLGATHER", true, choice, "sendrecv",        \
+    "sendrecv|nccl",                                                           \
+    "Rail stage of a rails AllGather: sendrecv (the rank's block to every "    \
+    "other node in one group of NCCL sends and receives, straight into the "  \
+    "output: one step) or nccl (ncclAllGather on the rail's communicator "    \
+    "into a buffer of the rank's own, with the algorithm NCCL picks for one " \
+    "rank per node, then one copy of the blocks to their places).")           \
   X(cuda_zero_copy, "SMDDP_CUDA_ZERO_COPY", true, bool, "0", "",                      \
     "One-node CUDA AllGather, ReduceScatter and AllReduce: the node's ranks "  \
     "map each other's tensors (CUDA IPC of the caching allocator's segments, " \
@@ -203,6 +210,7 @@ struct Config {
   bool cuda_batch_copies = false;
   size_t cuda_oneshot_bytes = 0;
   bool cuda_pipeline = false;
+  std::string cuda_rail_allgather;
   bool cuda_zero_copy = false;
   std::string debug_dump;
 

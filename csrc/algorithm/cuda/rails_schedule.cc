@@ -71,7 +71,9 @@ ncclRedOp_t ncclOpOf(ReduceOp op) {
 class RailsSchedule : public Schedule {
  public:
   explicit RailsSchedule(DeviceContext& ctx)
-      : ctx_(ctx), partials_(*ctx.memory, GrowingBuffer::Kind::kDevice) {}
+      : ctx_(ctx),
+        partials_(*ctx.memory, GrowingBuffer::Kind::kDevice),
+        gathered_(*ctx.memory, GrowingBuffer::Kind::kDevice) {}
 
   ~RailsSchedule() override {
     // Work still enqueued keeps what it uses: destroying a stream or an
@@ -265,13 +267,46 @@ class RailsSchedule : public Schedule {
 
  private:
   // Bytes [off, off + len) of this rank's block to every rail member, and of
-  // theirs into their places in the output: one group of send/recv on `st`.
+  // theirs into their places in the output, on `st`: one group of send/recv
+  // straight into the output, or (SMDDP_CUDA_RAIL_ALLGATHER=nccl)
+  // ncclAllGather into a buffer of this rank's own, rail member m's bytes at
+  // m * len, and one copy of them to their places.
   void railGather(const OpArgs& args, size_t off, size_t len, cudaStream_t st) {
     const int N = ctx_.topo.numNodes();
     const int n = ctx_.topo.myNode();
     const size_t b = args.count * args.elemSize();
     const auto* in = static_cast<const uint8_t*>(args.in) + off;
     auto* out = static_cast<uint8_t*>(args.out) + off;
+    if (ctx_.config.cuda_rail_allgather == "nccl") {
+      uint8_t* gathered = gathered_.reserve(static_cast<size_t>(N) * len, st);
+      ctx_.rail->run("the rail AllGather (ncclAllGather)", args.deadline, [&](ncclComm_t comm) {
+        return ncclAllGather(in, gathered, len, ncclUint8, comm, st);
+      });
+      // Every other member's bytes to their places (my own block is there
+      // already: the call's first copy): one strided copy on either side of
+      // mine where the blocks lie evenly, else one copy per member.
+      const std::vector<size_t> offsets = railOffsets(ctx_.topo.myLocalRank(), b);
+      size_t stride = 0;
+      if (evenlySpaced(offsets, &stride)) {
+        const size_t me = static_cast<size_t>(n);
+        copyRows(ctx_, out + offsets[0], stride, gathered, len, len, me, st);
+        if (me + 1 < offsets.size()) {
+          copyRows(ctx_, out + offsets[me + 1], stride, gathered + (me + 1) * len, len, len, offsets.size() - me - 1,
+                   st);
+        }
+        return;
+      }
+      std::vector<void*> dsts;
+      std::vector<const void*> srcs;
+      for (int m = 0; m < N; ++m) {
+        if (m != n) {
+          dsts.push_back(out + offsets[static_cast<size_t>(m)]);
+          srcs.push_back(gathered + static_cast<size_t>(m) * len);
+        }
+      }
+      copyBatch(ctx_, dsts, srcs, std::vector<size_t>(dsts.size(), len), st);
+      return;
+    }
     ctx_.rail->run("the rail AllGather (send/recv)", args.deadline, [&](ncclComm_t comm) {
       ncclResult_t r = ncclGroupStart();
       for (int m = 0; m < N && (r == ncclSuccess || r == ncclInProgress); ++m) {
@@ -339,6 +374,8 @@ class RailsSchedule : public Schedule {
 
   DeviceContext& ctx_;
   GrowingBuffer partials_;
+  // SMDDP_CUDA_RAIL_ALLGATHER=nccl: what ncclAllGather gathers over the rail.
+  GrowingBuffer gathered_;
   // SMDDP_CUDA_PIPELINE: the rail stage's stream, and an event per chunk
   // (reused by later calls: a wait takes the event's state when enqueued).
   cudaStream_t rail_stream_ = nullptr;
