@@ -1,11 +1,13 @@
 // The CUDA schedules' arithmetic that needs no GPU (algorithm/device_plan.h):
 // the head/vector/tail split of a reduction, 16-byte aligned AllReduce
-// slices, evenly spaced blocks, and the order of a sliced AllReduce's steps
-// on two streams.
+// slices, evenly spaced blocks, the order of a sliced AllReduce's steps on
+// two streams, and what a scratch buffer frees when CUDA graphs hold it.
+#include <memory>
 #include <numeric>
 #include <set>
 
 #include "algorithm/device_plan.h"
+#include "algorithm/scratch_buffer.h"
 #include "harness.h"
 
 using namespace smddp;
@@ -173,4 +175,54 @@ SMDDP_TEST(sliced_allreduce_plan_orders_every_slot_use) {
       EXPECT_EQ(rails, rail == RailSteps::kPerChunk ? chunks : rail == RailSteps::kWhole ? size_t{1} : size_t{0});
     }
   }
+}
+
+namespace {
+
+// A scratch buffer's allocations, as an allocator would see them.
+struct FakeMemory {
+  std::set<void*> live;
+  std::vector<std::unique_ptr<uint8_t[]>> blocks;
+  algorithm::ScratchBuffer buffer{[this](size_t n) {
+                                    blocks.push_back(std::make_unique<uint8_t[]>(n));
+                                    live.insert(blocks.back().get());
+                                    return static_cast<void*>(blocks.back().get());
+                                  },
+                                  [this](void* p) { EXPECT_EQ(live.erase(p), size_t{1}); }};
+};
+
+} // namespace
+
+SMDDP_TEST(scratch_buffer_grows_and_frees_what_it_outgrows) {
+  FakeMemory m;
+  uint8_t* a = m.buffer.reserve(100, /*capturing=*/false);
+  EXPECT_EQ(m.buffer.reserve(4096, false), a);  // rounded up: no growth
+  uint8_t* b = m.buffer.reserve(5000, false);
+  EXPECT_TRUE(b != a);
+  EXPECT_EQ(m.live.size(), size_t{1});  // a went back at once
+  EXPECT_EQ(m.live.count(b), size_t{1});
+  m.buffer.free();
+  EXPECT_EQ(m.live.size(), size_t{0});
+}
+
+SMDDP_TEST(scratch_buffer_keeps_what_a_captured_graph_uses) {
+  FakeMemory m;
+  uint8_t* eager = m.buffer.reserve(1000, false);
+  // A capture uses it: a graph now holds its address.
+  EXPECT_EQ(m.buffer.reserve(1000, /*capturing=*/true), eager);
+  // A later, larger call (eager or captured) must not free it.
+  uint8_t* grown = m.buffer.reserve(100000, false);
+  EXPECT_TRUE(grown != eager);
+  EXPECT_EQ(m.live.count(eager), size_t{1});
+  // Growing a buffer no capture has used frees the old one again.
+  uint8_t* again = m.buffer.reserve(1000000, false);
+  EXPECT_EQ(m.live.count(grown), size_t{0});
+  EXPECT_EQ(m.live.count(again), size_t{1});
+  // A buffer allocated during a capture is the graph's too.
+  uint8_t* in_capture = m.buffer.reserve(1 << 24, true);
+  m.buffer.reserve(1 << 25, false);
+  EXPECT_EQ(m.live.count(in_capture), size_t{1});
+  EXPECT_EQ(m.live.count(eager), size_t{1});
+  m.buffer.free();
+  EXPECT_EQ(m.live.size(), size_t{0});
 }

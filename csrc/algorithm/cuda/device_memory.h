@@ -10,6 +10,8 @@
 #include <cstddef>
 #include <cstdint>
 
+#include "algorithm/scratch_buffer.h"
+
 namespace smddp::algorithm::cuda {
 
 class DeviceMemory {
@@ -26,49 +28,44 @@ class DeviceMemory {
   virtual void freeHost(void* p, cudaStream_t stream) = 0;
 };
 
-// A buffer that grows (to the size asked for, rounded up to a power of two
-// so that growing is rare) and is freed through `memory`.
+// A scratch buffer of device or pinned host memory from `memory`, which
+// grows and keeps what CUDA graphs captured (algorithm/scratch_buffer.h).
 class GrowingBuffer {
  public:
   enum class Kind { kDevice, kHost };
-  GrowingBuffer(DeviceMemory& memory, Kind kind) : memory_(memory), kind_(kind) {}
-  ~GrowingBuffer() {
-    release(nullptr);
-  }
-  GrowingBuffer(const GrowingBuffer&) = delete;
-  GrowingBuffer& operator=(const GrowingBuffer&) = delete;
+  GrowingBuffer(DeviceMemory& memory, Kind kind)
+      : buffer_(
+            [this, &memory, kind](size_t n) {
+              return kind == Kind::kDevice ? memory.allocDevice(n, stream_) : memory.allocHost(n);
+            },
+            [this, &memory, kind](void* p) {
+              if (kind == Kind::kDevice) {
+                memory.freeDevice(p);
+              } else {
+                memory.freeHost(p, stream_);
+              }
+            }) {}
 
   // At least `bytes`, for work on `stream`; the contents are not kept.
   uint8_t* reserve(size_t bytes, cudaStream_t stream) {
-    if (bytes > bytes_ || ptr_ == nullptr) {
-      release(stream);
-      size_t n = 4096;
-      while (n < bytes) {
-        n *= 2;
-      }
-      ptr_ = static_cast<uint8_t*>(kind_ == Kind::kDevice ? memory_.allocDevice(n, stream) : memory_.allocHost(n));
-      bytes_ = n;
+    cudaStreamCaptureStatus capture = cudaStreamCaptureStatusNone;
+    if (cudaStreamIsCapturing(stream, &capture) != cudaSuccess) {
+      (void)cudaGetLastError();  // not sticky; taken as captured, to be safe
+      capture = cudaStreamCaptureStatusActive;
     }
-    return ptr_;
+    stream_ = stream;
+    return buffer_.reserve(bytes, capture != cudaStreamCaptureStatusNone);
+  }
+
+  // Frees the buffer and what it outgrew (the work that used them has ended).
+  void free() {
+    stream_ = nullptr;
+    buffer_.free();
   }
 
  private:
-  void release(cudaStream_t stream) {
-    if (ptr_ != nullptr) {
-      if (kind_ == Kind::kDevice) {
-        memory_.freeDevice(ptr_);
-      } else {
-        memory_.freeHost(ptr_, stream);
-      }
-      ptr_ = nullptr;
-      bytes_ = 0;
-    }
-  }
-
-  DeviceMemory& memory_;
-  Kind kind_;
-  uint8_t* ptr_ = nullptr;
-  size_t bytes_ = 0;
+  cudaStream_t stream_ = nullptr;  // of the reserve being served
+  ScratchBuffer buffer_;
 };
 
 } // namespace smddp::algorithm::cuda

@@ -76,6 +76,10 @@ class RailsSchedule : public Schedule {
         gathered_(*ctx.memory, GrowingBuffer::Kind::kDevice) {}
 
   ~RailsSchedule() override {
+    // The scratch first: its blocks go back to the allocator while the
+    // stream they were last used on still exists.
+    partials_.free();
+    gathered_.free();
     // Work still enqueued keeps what it uses: destroying a stream or an
     // event does not wait for it.
     for (cudaEvent_t e : chunk_events_) {
