@@ -65,6 +65,14 @@ def test_one_rank_per_node_is_a_ring_over_the_network():
     assert hierarchical_time("all_reduce", S, 2, m) == pytest.approx(820 * US)
 
 
+def test_cuda_one_gpu_per_node_is_nccls_ring():
+    # The rail is the group: no node stage, no staging copies.
+    for schedule in ("cuda", "cuda-pipelined"):
+        assert hierarchical_time("all_gather", S, 2, cuda(1, schedule=schedule)) == pytest.approx(410 * US)
+        assert hierarchical_time("all_reduce", S, 2, cuda(1, schedule=schedule)) == pytest.approx(820 * US)
+        assert estimate("reduce_scatter", S, 4, cuda(1, schedule=schedule)).ratio == pytest.approx(1.0)
+
+
 def test_two_nodes_of_two():
     m = machine(2)
     # Flat ring, P=4: latency 2 intra steps + 1 inter step = 12 us; 3 steps of

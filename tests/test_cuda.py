@@ -75,6 +75,12 @@ def case_collectives(sizes: list[int]):
             dist.all_gather_into_tensor(out, mine)
             if not torch.equal(out, torch.cat(all_in)):
                 failures.append(f"all_gather {dname} n={n}")
+            # In place, as FSDP2 gathers: the input is the rank's block of the output.
+            out = torch.full((n * world,), float("nan"), dtype=dtype, device=dev)
+            out[rank * n:(rank + 1) * n] = mine
+            dist.all_gather_into_tensor(out, out[rank * n:(rank + 1) * n])
+            if not torch.equal(out, torch.cat(all_in)):
+                failures.append(f"all_gather in place {dname} n={n}")
             # Broadcast from every root
             for root in range(world):
                 t = all_in[rank].clone()
@@ -97,6 +103,13 @@ def case_collectives(sizes: list[int]):
                 want = _reference(big, name, factor)[rank * n:(rank + 1) * n].to(dtype)
                 try:
                     _close(o, want, dtype, f"reduce_scatter {name} {dname} n={n}")
+                except AssertionError as e:
+                    failures.append(str(e))
+                # In place: the output is the rank's block of the input.
+                inp = big[rank].clone()
+                dist.reduce_scatter_tensor(inp[rank * n:(rank + 1) * n], inp, op=_reduce_op(name, factor))
+                try:
+                    _close(inp[rank * n:(rank + 1) * n], want, dtype, f"reduce_scatter in place {name} {dname} n={n}")
                 except AssertionError as e:
                     failures.append(str(e))
     torch.cuda.synchronize()
@@ -185,6 +198,19 @@ def test_cuda_rails(pools):
                      SMDDP_CUDA_RAIL_ALLGATHER=rail_allgather)
         for failures in pool.run(case_collectives, [0, 7, 4099, (1 << 20) + 3], timeout=200):
             assert failures == [], f"SMDDP_CUDA_PIPELINE={pipeline} SMDDP_CUDA_RAIL_ALLGATHER={rail_allgather}"
+
+
+@pytest.mark.timeout(250)
+def test_cuda_one_rank_per_node(pools):
+    """2 emulated nodes x 1 rank with a GPU each (a DeviceMesh's replicate
+    dimension): the rails mode's collectives straight on NCCL, PREMUL_SUM
+    through the node stage, in place and not (case_collectives), sizes
+    around a 1M staging buffer."""
+    if not torch.cuda.is_available() or torch.cuda.device_count() < 2:
+        pytest.skip("needs 2 GPUs (a GPU per rank, so that the nodes meet through NCCL rails)")
+    pool = pools(2, SMDDP_RANKS_PER_NODE="1", SMDDP_CUDA_STAGING_BYTES="1M")
+    for failures in pool.run(case_collectives, [0, 7, 4099, (1 << 20) + 3], timeout=200):
+        assert failures == []
 
 
 def case_zero_copy_buffers(n: int) -> list[str]:

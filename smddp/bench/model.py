@@ -137,11 +137,15 @@ def cuda_time(op: str, size: float, nodes: int, m: Machine) -> float:
     node, the rails schedule on several. The node stage runs through the
     staging buffers, one exchange per chunk (sync_us: its two meetings of the
     node's ranks); the rail is NCCL on the N ranks of local rank l, a ring of
-    N-1 steps (AllGather's grouped send/recv: one round per peer). Schedule
+    N-1 steps (AllGather's grouped send/recv: one round per peer); with one
+    GPU per node, NCCL's collective on the whole group. Schedule
     cuda: every step on the caller's stream, so stages and chunks add up;
     cuda-pipelined (SMDDP_CUDA_PIPELINE): the rail stage chunk by chunk on a
     stream of its own, so the slower stage plus one chunk of the faster."""
     _check(op, nodes, m)
+    if m.gpus_per_node == 1:
+        # One GPU per node: the rail is the group, NCCL's ring on the user's buffers.
+        return ring_time(op, size, nodes, m)
     n, g, z = nodes, m.gpus_per_node, m.staging_bytes
     nv, share = m.nvlink_gbs * 1e9, m.nic_share_gbs * 1e9
     copy = m.copy_gbs * 1e9 if m.copy_gbs else math.inf

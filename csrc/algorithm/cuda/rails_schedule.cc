@@ -1,6 +1,8 @@
 // Several uniform nodes, a GPU per rank: the hierarchical schedules with the
 // rail stage on NCCL (grouped send/recv for AllGather, reduce-scatter /
-// all-reduce / broadcast) and the node stage on CUDA IPC.
+// all-reduce / broadcast) and the node stage on CUDA IPC. With one rank per
+// node the rail is the group: each collective is the NCCL one on the user's
+// buffers (PREMUL_SUM's factor still applied by the node stage).
 //
 //   AllGather:      each rank's block to its rail peers (NCCL), straight to
 //                   its place in the output; then the rail's N blocks to
@@ -73,7 +75,15 @@ class RailsSchedule : public Schedule {
   explicit RailsSchedule(DeviceContext& ctx)
       : ctx_(ctx),
         partials_(*ctx.memory, GrowingBuffer::Kind::kDevice),
-        gathered_(*ctx.memory, GrowingBuffer::Kind::kDevice) {}
+        gathered_(*ctx.memory, GrowingBuffer::Kind::kDevice),
+        one_per_node_(ctx.topo.localSize() == 1) {
+    // Rail member m is group rank m (nodes numbered in rank order): NCCL's
+    // layouts of AllGather and ReduceScatter blocks are then the group's.
+    in_rank_order_ = one_per_node_;
+    for (size_t m = 0; m < ctx.rail_ranks.size(); ++m) {
+      in_rank_order_ = in_rank_order_ && ctx.rail_ranks[m] == static_cast<int>(m);
+    }
+  }
 
   ~RailsSchedule() override {
     // The scratch first: its blocks go back to the allocator while the
@@ -97,6 +107,15 @@ class RailsSchedule : public Schedule {
   // every event when the call returns, so the rail stream's work is part of
   // the call.
   void allGather(const OpArgs& args, cudaStream_t s) override {
+    if (in_rank_order_) {
+      // One rank per node: the rail is the group, NCCL on the user's buffers.
+      const size_t b = args.count * args.elemSize();
+      openDeviceCall(ctx_, args);
+      ctx_.rail->run("the rail AllGather (one rank per node)", args.deadline, [&](ncclComm_t comm) {
+        return ncclAllGather(args.in, args.out, b, ncclUint8, comm, s);
+      });
+      return;
+    }
     const int N = ctx_.topo.numNodes();
     const int L = ctx_.topo.localSize();
     const int me = ctx_.topo.myLocalRank();
@@ -145,6 +164,15 @@ class RailsSchedule : public Schedule {
   }
 
   void reduceScatter(const OpArgs& args, cudaStream_t s) override {
+    if (in_rank_order_ && direct(args)) {
+      openDeviceCall(ctx_, args);
+      ctx_.rail->run("the rail ReduceScatter (one rank per node)", args.deadline, [&](ncclComm_t comm) {
+        return ncclReduceScatter(args.in, args.out, args.count, ncclTypeOf(args.dtype()), ncclOpOf(args.reduce.op),
+                                 comm, s);
+      });
+      launchFinalize(args.reduce, args.out, args.count, Sources::kPartials, ctx_.config.cuda_reduce_blocks, s);
+      return;
+    }
     const int N = ctx_.topo.numNodes();
     const int L = ctx_.topo.localSize();
     const int world = ctx_.topo.size();
@@ -221,6 +249,14 @@ class RailsSchedule : public Schedule {
     const int L = ctx_.topo.localSize();
     const ncclDataType_t type = ncclTypeOf(args.dtype());
     const ncclRedOp_t op = ncclOpOf(args.reduce.op);
+    if (one_per_node_ && direct(args)) {
+      openDeviceCall(ctx_, args);
+      ctx_.rail->run("the rail AllReduce (one rank per node)", args.deadline, [&](ncclComm_t comm) {
+        return ncclAllReduce(args.in, args.out, args.count, type, op, comm, s);
+      });
+      launchFinalize(args.reduce, args.out, args.count, Sources::kPartials, ctx_.config.cuda_reduce_blocks, s);
+      return;
+    }
     const bool pipelined = ctx_.config.cuda_pipeline;
     SliceRail rail;
     rail.steps = pipelined ? RailSteps::kPerChunk : RailSteps::kWhole;
@@ -262,6 +298,10 @@ class RailsSchedule : public Schedule {
       ctx_.rail->run("the rail Broadcast", args.deadline, [&](ncclComm_t comm) {
         return ncclBroadcast(out, out, b, ncclUint8, root_node, comm, s);
       });
+    }
+    if (one_per_node_) {
+      openDeviceCall(ctx_, args);
+      return;
     }
     OpArgs a = args;
     a.in = out;
@@ -327,6 +367,13 @@ class RailsSchedule : public Schedule {
     });
   }
 
+  // Whether a reduction needs nothing of the node stage with one rank per
+  // node: every op but PREMUL_SUM, whose factor the node stage applies to
+  // each input (so that its bits are the node stage's on every path).
+  static bool direct(const OpArgs& args) {
+    return args.reduce.op != ReduceOp::kPremulSum;
+  }
+
   cudaStream_t railStream() {
     if (rail_stream_ == nullptr) {
       cudaCheck(cudaStreamCreateWithFlags(&rail_stream_, cudaStreamNonBlocking), "cudaStreamCreateWithFlags");
@@ -380,6 +427,10 @@ class RailsSchedule : public Schedule {
   GrowingBuffer partials_;
   // SMDDP_CUDA_RAIL_ALLGATHER=nccl: what ncclAllGather gathers over the rail.
   GrowingBuffer gathered_;
+  // One rank per node (a DeviceMesh's replicate dimension, say): the rail
+  // is the whole group, and its collectives run on the user's buffers.
+  bool one_per_node_ = false;
+  bool in_rank_order_ = false;
   // SMDDP_CUDA_PIPELINE: the rail stage's stream, and an event per chunk
   // (reused by later calls: a wait takes the event's state when enqueued).
   cudaStream_t rail_stream_ = nullptr;
