@@ -211,6 +211,12 @@ def test_cuda_one_rank_per_node(pools):
     pool = pools(2, SMDDP_RANKS_PER_NODE="1", SMDDP_CUDA_STAGING_BYTES="1M")
     for failures in pool.run(case_collectives, [0, 7, 4099, (1 << 20) + 3], timeout=200):
         assert failures == []
+    for text in pool.run(case_describe, timeout=60):
+        assert "one rank per node" in text, text
+
+
+def case_describe() -> str:
+    return dist.group.WORLD._get_backend(_device()).describe()
 
 
 def case_zero_copy_buffers(n: int) -> list[str]:

@@ -200,7 +200,8 @@ std::string CudaCommunicator::describe() const {
                           : std::string(),
                  "), ", ctx_->topo.describe());
     case DeviceMode::kRails:
-      return str("cuda ipc in nodes, nccl rails, ", ctx_->topo.describe());
+      return ctx_->topo.localSize() == 1 ? str("nccl on the group's buffers (one rank per node), ", ctx_->topo.describe())
+                                         : str("cuda ipc in nodes, nccl rails, ", ctx_->topo.describe());
     case DeviceMode::kHostStaging:
       return str("cuda staged through host memory (", plan_.why, "), ", ctx_->topo.describe());
   }
