@@ -368,10 +368,11 @@ class RailsSchedule : public Schedule {
   }
 
   // Whether a reduction needs nothing of the node stage with one rank per
-  // node: every op but PREMUL_SUM, whose factor the node stage applies to
-  // each input (so that its bits are the node stage's on every path).
+  // node: every op but those that scale their inputs (PREMUL_SUM), whose
+  // factor the node stage applies to each input, so that the bits are the
+  // node stage's on every path.
   static bool direct(const OpArgs& args) {
-    return args.reduce.op != ReduceOp::kPremulSum;
+    return !ops::traitsOf(args.reduce.op).scales_inputs;
   }
 
   cudaStream_t railStream() {
