@@ -585,3 +585,42 @@ def test_cuda_graph_capture(pools):
     for failures in pool.run(case_graph_capture, timeout=120):
         assert failures == []
 
+
+# ---- the rails schedules with ranks sharing one GPU: each process its own
+# host to NCCL (SMDDP_CUDA_INTER_NODE=nccl with SMDDP_CUDA_RANKS_PER_GPU), the
+# rails over NCCL's network transport. Last in the file: on the GPU check's
+# one GPU they take what time the other tests leave.
+
+
+def _one_gpu_rails(world: int) -> dict[str, str]:
+    return {"SMDDP_CUDA_RANKS_PER_GPU": str(world), "SMDDP_CUDA_INTER_NODE": "nccl",
+            "SMDDP_CUDA_STAGING_BYTES": "1M"}  # fmt: skip
+
+
+@pytest.mark.timeout(300)
+def test_cuda_rails_on_one_gpu(pools):
+    """2 emulated nodes x 2 ranks on one GPU through the rails schedule: NCCL
+    rails between the nodes, CUDA IPC inside them, unpipelined with the rail
+    AllGather as send/recv, pipelined with it as ncclAllGather."""
+    if not torch.cuda.is_available():
+        pytest.skip("no GPU")
+    for pipeline, rail_allgather in (("0", "sendrecv"), ("1", "nccl")):
+        pool = pools(4, SMDDP_RANKS_PER_NODE="2", SMDDP_CUDA_PIPELINE=pipeline,
+                     SMDDP_CUDA_RAIL_ALLGATHER=rail_allgather, **_one_gpu_rails(4))  # fmt: skip
+        for text in pool.run(case_describe, timeout=120):
+            assert "nccl rails" in text, text
+        for failures in pool.run(case_collectives, [0, 7, 4099, 300003], timeout=200):
+            assert failures == [], f"SMDDP_CUDA_PIPELINE={pipeline} SMDDP_CUDA_RAIL_ALLGATHER={rail_allgather}"
+
+
+@pytest.mark.timeout(200)
+def test_cuda_one_rank_per_node_on_one_gpu(pools):
+    """2 emulated nodes x 1 rank on one GPU: NCCL's collectives on the
+    group's buffers (PREMUL_SUM through the node stage)."""
+    if not torch.cuda.is_available():
+        pytest.skip("no GPU")
+    pool = pools(2, SMDDP_RANKS_PER_NODE="1", **_one_gpu_rails(2))
+    for text in pool.run(case_describe, timeout=120):
+        assert "one rank per node" in text, text
+    for failures in pool.run(case_collectives, [0, 7, 4099, 300003], timeout=150):
+        assert failures == []

@@ -134,7 +134,10 @@ constexpr int kYieldUsOversubscribed = 2000;
     "Thread blocks (of 512 threads) the reduction kernels may use.")            \
   X(cuda_inter_node, "SMDDP_CUDA_INTER_NODE", true, choice, "auto", "auto|nccl|host", \
     "Inter-node stage of CUDA collectives: NCCL rails (auto: when every rank "  \
-    "has a GPU of its own) or staging through host memory and sockets.")        \
+    "has a GPU of its own) or staging through host memory and sockets. nccl "   \
+    "with SMDDP_CUDA_RANKS_PER_GPU above 1 makes each process a host of its "  \
+    "own to NCCL (NCCL_HOSTID, unless set), so that ranks sharing a GPU form "  \
+    "rails over NCCL's network transport (the rails schedules on one GPU).")   \
   X(cuda_ipc, "SMDDP_CUDA_IPC", true, bool, "1", "",                                  \
     "Map the node peers' device memory with CUDA IPC (0: CUDA collectives "      \
     "stage through host memory). Where a rank cannot map it (a sandboxed "       \

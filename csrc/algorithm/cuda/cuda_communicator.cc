@@ -83,6 +83,12 @@ CudaCommunicator::CudaCommunicator(
 
   ipc_ = std::make_unique<transport::CudaIpcArena>(
       topology.myLocalRank(), topology.localSize(), device, config.cuda_staging_bytes);
+  if (config.cuda_ranks_per_gpu > 1 && config.cuda_inter_node == "nccl" && topology.numNodes() > 1) {
+    // Ranks sharing a GPU asked for NCCL rails: each its own host to NCCL
+    // (the identity the plan compares follows), over NCCL's network transport.
+    SMDDP_LOG(kInfo, "rank ", topology.rank(), ": NCCL_HOSTID ", transport::ncclHostPerProcess(),
+              " (SMDDP_CUDA_RANKS_PER_GPU with SMDDP_CUDA_INTER_NODE=nccl)");
+  }
   plan_ = setup.plan(store, *ipc_);
   if (plan_.mode == DeviceMode::kHostStaging) {
     ipc_.reset();

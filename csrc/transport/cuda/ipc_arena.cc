@@ -1,5 +1,6 @@
 #include "transport/cuda/ipc_arena.h"
 
+#include <cstdlib>
 #include <cstring>
 
 #include "common/error.h"
@@ -35,7 +36,10 @@ CudaIpcArena::CudaIpcArena(int local_rank, int local_size, int device, size_t st
 std::string CudaIpcArena::identity() {
   char id[64] = {0};
   cudaCheck(cudaDeviceGetPCIBusId(id, sizeof(id), device_), "cudaDeviceGetPCIBusId");
-  return str(topology::hostIdentity(), "/", id);
+  // The GPU as NCCL tells ranks apart: its host (NCCL_HOSTID where set, as
+  // NCCL takes it) and its bus id.
+  const char* host = std::getenv("NCCL_HOSTID");
+  return str(host != nullptr && *host != '\0' ? std::string(host) : topology::hostIdentity(), "/", id);
 }
 
 std::vector<uint8_t> CudaIpcArena::exportLocal() {

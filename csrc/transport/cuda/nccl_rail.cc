@@ -1,10 +1,14 @@
 #include "transport/cuda/nccl_rail.h"
 
+#include <unistd.h>
+
 #include <chrono>
+#include <cstdlib>
 #include <cstring>
 #include <thread>
 
 #include "common/error.h"
+#include "topology/topology.h"
 #include "transport/cuda/ipc_arena.h"
 
 namespace smddp::transport {
@@ -21,6 +25,21 @@ void ncclCheck(ncclResult_t r, const char* what) {
   if (r != ncclSuccess && r != ncclInProgress) {
     SMDDP_THROW(kComm, what, " failed: ", ncclGetErrorString(r), " (", ncclGetLastError(nullptr), ")");
   }
+}
+
+std::string ncclHostPerProcess() {
+  // Once per process, before any NCCL call reads it: NCCL takes its host
+  // hash from the environment at its first use and keeps it.
+  static const std::string id = [] {
+    const char* set = std::getenv("NCCL_HOSTID");
+    if (set != nullptr && *set != '\0') {
+      return std::string(set);
+    }
+    std::string mine = str(topology::hostIdentity(), "/process-", static_cast<long>(getpid()));
+    setenv("NCCL_HOSTID", mine.c_str(), 0);
+    return mine;
+  }();
+  return id;
 }
 
 NcclRail::NcclRail(

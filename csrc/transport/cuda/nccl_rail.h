@@ -32,6 +32,13 @@ namespace smddp::transport {
 // Throws kComm naming `what` if `r` is not ncclSuccess (nor ncclInProgress).
 void ncclCheck(ncclResult_t r, const char* what);
 
+// Makes this process a host of its own to NCCL (NCCL_HOSTID, unless the
+// environment sets it), before its first NCCL call: NCCL refuses two members
+// of a communicator on one GPU of one host, so ranks that share a GPU (tests
+// on one GPU, SMDDP_CUDA_RANKS_PER_GPU) form rails only as separate hosts,
+// talking over NCCL's network transport. Returns the host id in force.
+std::string ncclHostPerProcess();
+
 class NcclRail {
  public:
   // Collective over the rail: member `index` of `size`. `name` says which
