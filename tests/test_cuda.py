@@ -624,3 +624,49 @@ def test_cuda_one_rank_per_node_on_one_gpu(pools):
         assert "one rank per node" in text, text
     for failures in pool.run(case_collectives, [0, 7, 4099, 300003], timeout=150):
         assert failures == []
+
+
+def case_rails_graph_keeps_its_scratch() -> list[str]:
+    """An AllReduce over the rails captured in a CUDA graph, then a larger
+    eager one that outgrows the scratch the graph writes into, then tensors
+    that would take that scratch's memory if it had been freed: every
+    replay's result is right and those tensors keep their values."""
+    rank, world = dist.get_rank(), dist.get_world_size()
+    dev = _device()
+    x = torch.zeros(1 << 16, device=dev)
+    dist.all_reduce(x)  # the communicator and the scratch, outside the capture
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph, capture_error_mode="thread_local"):
+        dist.all_reduce(x)
+    big = torch.ones(1 << 22, device=dev)
+    dist.all_reduce(big)
+    torch.cuda.synchronize()
+    # As large as the scratch the graph uses (half of x per rank, over 2 local
+    # ranks), so that the allocator would hand that block out again.
+    guards = [torch.full((n,), 7.0, device=dev) for n in (1 << 15, 1 << 15, 1 << 16, 1 << 15, 1 << 14) * 2]
+    failures = []
+    if not torch.all(big == float(world)):
+        failures.append("the larger AllReduce is wrong")
+    for i in range(3):
+        x.fill_(float(rank + 10 * i))
+        graph.replay()
+        torch.cuda.synchronize()
+        want = float(sum(r + 10 * i for r in range(world)))
+        if not torch.all(x == want):
+            failures.append(f"replay {i}: {x[:2].tolist()}, expected {want}")
+        if not all(bool(torch.all(g == 7.0)) for g in guards):
+            failures.append(f"replay {i} wrote into memory the allocator had handed out again")
+    return failures
+
+
+@pytest.mark.timeout(200)
+def test_cuda_rails_graph_capture_on_one_gpu(pools):
+    """The rails schedule with device synchronization, captured in a CUDA
+    graph (2 emulated nodes x 2 on one GPU): replays stay right after a
+    larger call has grown the scratch the graph uses."""
+    if not torch.cuda.is_available():
+        pytest.skip("no GPU")
+    pool = pools(4, SMDDP_RANKS_PER_NODE="2", SMDDP_CUDA_SYNC="device", **_one_gpu_rails(4))
+    for failures in pool.run(case_rails_graph_keeps_its_scratch, timeout=150):
+        assert failures == []
