@@ -500,26 +500,38 @@ def test_cuda_batched_copies(pools):
         assert failures == []
 
 
-def case_graph_capture() -> list[str]:
-    """A native AllReduce captured in a CUDA graph and replayed: the ranks
-    meet through device flags, so each replay synchronizes them anew."""
-    rank, world = dist.get_rank(), dist.get_world_size()
-    dev = _device()
-    x = torch.zeros(1024, device=dev)  # 4 KiB
-    dist.all_reduce(x)  # the communicator is made outside the capture
+def _captured_allreduce(n: int) -> tuple[torch.cuda.CUDAGraph, torch.Tensor]:
+    """A native AllReduce of n floats captured in a CUDA graph (the
+    communicator made by an eager call first, outside the capture)."""
+    x = torch.zeros(n, device=_device())
+    dist.all_reduce(x)
     torch.cuda.synchronize()
     graph = torch.cuda.CUDAGraph()
     with torch.cuda.graph(graph, capture_error_mode="thread_local"):
         dist.all_reduce(x)
+    return graph, x
+
+
+def _replay_failures(graph: torch.cuda.CUDAGraph, x: torch.Tensor, rounds: int, also=lambda i: None) -> list[str]:
+    """Replays of a captured AllReduce with new inputs, each checked; `also(i)`
+    may name another failure after replay i."""
+    rank, world = dist.get_rank(), dist.get_world_size()
     failures = []
-    for i in range(4):
+    for i in range(rounds):
         x.fill_(float(rank + 10 * i))
         graph.replay()
         torch.cuda.synchronize()
         want = float(sum(r + 10 * i for r in range(world)))
         if not torch.all(x == want):
             failures.append(f"replay {i}: {x[:2].tolist()}, expected {want}")
+        failures += [f for f in [also(i)] if f]
     return failures
+
+
+def case_graph_capture() -> list[str]:
+    """A native AllReduce captured in a CUDA graph and replayed: the ranks
+    meet through device flags, so each replay synchronizes them anew."""
+    return _replay_failures(*_captured_allreduce(1024), rounds=4)  # 4 KiB
 
 
 @pytest.mark.timeout(200)
@@ -631,33 +643,23 @@ def case_rails_graph_keeps_its_scratch() -> list[str]:
     eager one that outgrows the scratch the graph writes into, then tensors
     that would take that scratch's memory if it had been freed: every
     replay's result is right and those tensors keep their values."""
-    rank, world = dist.get_rank(), dist.get_world_size()
+    world = dist.get_world_size()
     dev = _device()
-    x = torch.zeros(1 << 16, device=dev)
-    dist.all_reduce(x)  # the communicator and the scratch, outside the capture
-    torch.cuda.synchronize()
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph, capture_error_mode="thread_local"):
-        dist.all_reduce(x)
+    graph, x = _captured_allreduce(1 << 16)
     big = torch.ones(1 << 22, device=dev)
     dist.all_reduce(big)
     torch.cuda.synchronize()
     # As large as the scratch the graph uses (half of x per rank, over 2 local
     # ranks), so that the allocator would hand that block out again.
     guards = [torch.full((n,), 7.0, device=dev) for n in (1 << 15, 1 << 15, 1 << 16, 1 << 15, 1 << 14) * 2]
-    failures = []
-    if not torch.all(big == float(world)):
-        failures.append("the larger AllReduce is wrong")
-    for i in range(3):
-        x.fill_(float(rank + 10 * i))
-        graph.replay()
-        torch.cuda.synchronize()
-        want = float(sum(r + 10 * i for r in range(world)))
-        if not torch.all(x == want):
-            failures.append(f"replay {i}: {x[:2].tolist()}, expected {want}")
-        if not all(bool(torch.all(g == 7.0)) for g in guards):
-            failures.append(f"replay {i} wrote into memory the allocator had handed out again")
-    return failures
+    failures = [] if torch.all(big == float(world)) else ["the larger AllReduce is wrong"]
+
+    def guards_kept(i: int) -> str | None:
+        if all(bool(torch.all(g == 7.0)) for g in guards):
+            return None
+        return f"replay {i} wrote into memory the allocator had handed out again"
+
+    return failures + _replay_failures(graph, x, 3, guards_kept)
 
 
 @pytest.mark.timeout(200)
