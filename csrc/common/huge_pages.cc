@@ -1,7 +1,6 @@
 #include "common/huge_pages.h"
 
 #include <cerrno>
-
 #include <fstream>
 #include <string>
 
@@ -244,7 +243,14 @@ HugePages::Action HugePages::prepare(const void* p, size_t bytes, HugePageMode m
   if (!collapse) {
     return kAdvised;
   }
-  if (::madvise(range, len, kMadvCollapse) != 0) {
+  int rc = ::madvise(range, len, kMadvCollapse);
+  if (rc != 0 && (errno == EAGAIN || errno == ENOMEM)) {
+    // Transient (a page locked while khugepaged works on the same range, a
+    // huge page not found at once): the collapse keeps what it did, and one
+    // more pass takes the rest while the buffer is known to be reused.
+    rc = ::madvise(range, len, kMadvCollapse);
+  }
+  if (rc != 0) {
     SMDDP_LOG(kDebug, "huge pages: collapsing ", len, " bytes failed (errno ", errno, ")");
     return kAdvised;
   }
