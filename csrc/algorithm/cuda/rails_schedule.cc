@@ -77,11 +77,12 @@ class RailsSchedule : public Schedule {
         partials_(*ctx.memory, GrowingBuffer::Kind::kDevice),
         gathered_(*ctx.memory, GrowingBuffer::Kind::kDevice),
         one_per_node_(ctx.topo.localSize() == 1) {
-    // Rail member m is group rank m (nodes numbered in rank order): NCCL's
-    // layouts of AllGather and ReduceScatter blocks are then the group's.
-    in_rank_order_ = one_per_node_;
-    for (size_t m = 0; m < ctx.rail_ranks.size(); ++m) {
-      in_rank_order_ = in_rank_order_ && ctx.rail_ranks[m] == static_cast<int>(m);
+    // The topology numbers nodes by their first rank, so with one rank per
+    // node rail member m is group rank m: NCCL's layouts of AllGather and
+    // ReduceScatter blocks are then the group's.
+    for (size_t m = 0; one_per_node_ && m < ctx.rail_ranks.size(); ++m) {
+      SMDDP_ASSERT(ctx.rail_ranks[m] == static_cast<int>(m), "(one rank per node, rail member ", m, " is rank ",
+                   ctx.rail_ranks[m], ")");
     }
   }
 
@@ -107,7 +108,7 @@ class RailsSchedule : public Schedule {
   // every event when the call returns, so the rail stream's work is part of
   // the call.
   void allGather(const OpArgs& args, cudaStream_t s) override {
-    if (in_rank_order_) {
+    if (one_per_node_) {
       // One rank per node: the rail is the group, NCCL on the user's buffers.
       const size_t b = args.count * args.elemSize();
       openDeviceCall(ctx_, args);
@@ -164,7 +165,7 @@ class RailsSchedule : public Schedule {
   }
 
   void reduceScatter(const OpArgs& args, cudaStream_t s) override {
-    if (in_rank_order_ && direct(args)) {
+    if (one_per_node_ && direct(args)) {
       openDeviceCall(ctx_, args);
       ctx_.rail->run("the rail ReduceScatter (one rank per node)", args.deadline, [&](ncclComm_t comm) {
         return ncclReduceScatter(args.in, args.out, args.count, ncclTypeOf(args.dtype()), ncclOpOf(args.reduce.op),
@@ -431,7 +432,6 @@ class RailsSchedule : public Schedule {
   // One rank per node (a DeviceMesh's replicate dimension, say): the rail
   // is the whole group, and its collectives run on the user's buffers.
   bool one_per_node_ = false;
-  bool in_rank_order_ = false;
   // SMDDP_CUDA_PIPELINE: the rail stage's stream, and an event per chunk
   // (reused by later calls: a wait takes the event's state when enqueued).
   cudaStream_t rail_stream_ = nullptr;
