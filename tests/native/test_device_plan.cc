@@ -134,7 +134,7 @@ SMDDP_TEST(sliced_allreduce_plan_orders_every_slot_use) {
           for (const auto& st : plan) {
             n += st.step == what && covers(st, c) ? 1 : 0;
           }
-          EXPECT_EQ(n, size_t{what == SliceStep::kRail && rail == RailSteps::kNone ? 0 : 1});
+          EXPECT_EQ(n, static_cast<size_t>(what == SliceStep::kRail && rail == RailSteps::kNone ? 0 : 1));
         }
       }
       const auto after = happensBefore(plan, two_streams);

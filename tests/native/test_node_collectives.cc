@@ -8,6 +8,7 @@
 #include <cmath>
 #include <cstdio>
 #include <cstring>
+#include <functional>
 #include <thread>
 
 #include "algorithm/node_collectives.h"
@@ -289,21 +290,54 @@ SMDDP_TEST(shm_channel_peer_gone_after_its_last_ack) {
       [](int rank) { return rank == 1; });
 }
 
-SMDDP_TEST(timeout_names_the_late_rank) {
+namespace {
+
+// Rank 0 in a barrier whose deadline is 300 ms away, `check` looking at how
+// it ended; rank 1 runs `late` on its arena instead of the barrier.
+void barrierWithLatePeer(const std::function<void(NodeCollectives&)>& check,
+                         const std::function<void(NodeArena&)>& late) {
   std::string dir = ::smddp::test::tempDir();
   ::smddp::test::runRanks(2, [&](int rank) {
     ::smddp::test::DirStore store(dir);
     NodeArena arena(store, "arena", rank, iota(2), smallSlots());
     NodeCollectives node(arena, configFor("auto"));
-    OpArgs a;
-    a.kind = CollectiveKind::kBarrier;
-    a.deadline = Deadline::after(std::chrono::milliseconds(300));
     if (rank == 0) {
-      EXPECT_THROWS(node.barrier(a), kTimeout, "rank 1");
+      check(node);
     } else {
-      std::this_thread::sleep_for(std::chrono::milliseconds(1500));
+      late(arena);
     }
   });
+}
+
+OpArgs barrierArgs() {
+  OpArgs a;
+  a.kind = CollectiveKind::kBarrier;
+  a.deadline = Deadline::after(std::chrono::milliseconds(300));
+  return a;
+}
+
+} // namespace
+
+SMDDP_TEST(timeout_names_the_late_rank) {
+  barrierWithLatePeer(
+      [](NodeCollectives& node) { EXPECT_THROWS(node.barrier(barrierArgs()), kTimeout, "rank 1"); },
+      // Past rank 0's deadline and its grace for rank 1's own failure.
+      [](NodeArena&) { std::this_thread::sleep_for(std::chrono::milliseconds(3000)); });
+}
+
+SMDDP_TEST(a_peer_failing_just_after_our_deadline_gives_its_cause) {
+  // Two ranks of one call time out a moment apart; the one whose deadline
+  // comes second often has the cause (here: its link to another node).
+  barrierWithLatePeer(
+      [](NodeCollectives& node) {
+        auto t0 = std::chrono::steady_clock::now();
+        EXPECT_THROWS(node.barrier(barrierArgs()), kAborted, "rank 1 failed: timed out waiting for rank 3 (other node)");
+        EXPECT_TRUE(std::chrono::steady_clock::now() - t0 < std::chrono::milliseconds(1200));
+      },
+      [](NodeArena& arena) {
+        std::this_thread::sleep_for(std::chrono::milliseconds(500));
+        arena.abort("timed out waiting for rank 3 (other node)");
+      });
 }
 
 SMDDP_TEST(an_abort_message_reaches_every_peer_without_a_wait) {

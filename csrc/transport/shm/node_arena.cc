@@ -7,6 +7,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <chrono>
 #include <cerrno>
 #include <cstring>
 
@@ -253,6 +254,11 @@ void NodeArena::postProgress(uint32_t value) {
   me.bell.ring();
 }
 
+// How long a waiter whose deadline passed still listens for the awaited
+// peer's own failure (waitCounter). Short against any group timeout a user
+// sets, long against the skew between two ranks' deadlines in one call.
+constexpr std::chrono::milliseconds kPeerCauseGrace{1000};
+
 static inline bool reached(uint32_t value, uint32_t target) {
   // Wrap-around safe: counters are compared by distance.
   return static_cast<int32_t>(value - target) >= 0;
@@ -265,23 +271,43 @@ void NodeArena::waitCounter(
     const Deadline& deadline) {
   RankControl& peer = controls_[l];
   std::atomic<uint32_t>& value = peer.*counter;
-  waitUntil(
-      peer.bell,
-      [&] {
-        return reached(value.load(std::memory_order_acquire), target) ||
-            header_->aborted.load(std::memory_order_relaxed) != 0;
-      },
-      options_.wait,
-      deadline,
-      [&] {
-        checkAborted();
-        // A peer that reached the target and then exited is no failure: look
-        // at the counter again once the exit is seen.
-        if (peerExited(l) && !reached(value.load(std::memory_order_acquire), target)) {
-          checkAlive(l);
-        }
-      },
-      [&] { return describePeer(l); });
+  auto done = [&] {
+    return reached(value.load(std::memory_order_acquire), target) ||
+        header_->aborted.load(std::memory_order_relaxed) != 0;
+  };
+  auto check = [&] {
+    checkAborted();
+    // A peer that reached the target and then exited is no failure: look
+    // at the counter again once the exit is seen.
+    if (peerExited(l) && !reached(value.load(std::memory_order_acquire), target)) {
+      checkAlive(l);
+    }
+  };
+  auto what = [&] { return describePeer(l); };
+  try {
+    waitUntil(peer.bell, done, options_.wait, deadline, check, what);
+  } catch (const Error& timeout) {
+    if (timeout.kind() != ErrorKind::kTimeout) {
+      throw;
+    }
+    // The awaited peer is usually in the same call, stuck on something of
+    // its own (a cut link, a rank of another node) with a deadline a moment
+    // later than ours. Its abort names that cause, which is what the user
+    // needs; our timeout would name only the peer. So it gets a short grace
+    // to post it, and our timeout stands if it does not.
+    bool late = false;
+    try {
+      waitUntil(peer.bell, done, options_.wait, Deadline::after(kPeerCauseGrace), check, what);
+    } catch (const Error& again) {
+      if (again.kind() != ErrorKind::kTimeout) {
+        throw;
+      }
+      late = true;
+    }
+    if (late) {
+      throw;
+    }
+  }
   checkAborted();
 }
 
