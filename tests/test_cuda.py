@@ -625,6 +625,30 @@ def test_cuda_rails_on_one_gpu(pools):
             assert failures == [], f"SMDDP_CUDA_PIPELINE={pipeline} SMDDP_CUDA_RAIL_ALLGATHER={rail_allgather}"
 
 
+@pytest.mark.timeout(300)
+def test_cuda_rails_zero_copy_on_one_gpu(pools):
+    """SMDDP_CUDA_ZERO_COPY=1 over the rails (2 emulated nodes x 2 ranks on one
+    GPU): the node stage reads the peers' tensors, the results are the staged
+    path's (AllReduce bit for bit: the node's additions in the same order, and
+    two nodes' sums in any order are the same), the calls are mapped."""
+    if not torch.cuda.is_available():
+        pytest.skip("no GPU")
+    rails = {"SMDDP_RANKS_PER_NODE": "2", **_one_gpu_rails(4)}
+    zero = pools(4, SMDDP_CUDA_ZERO_COPY="1", **rails)
+    for text in zero.run(case_describe, timeout=120):
+        assert "nccl rails" in text and "zero-copy" in text, text
+    for failures in zero.run(case_collectives, [0, 7, 4099, 300003], timeout=200):
+        assert failures == []
+    for failures in zero.run(case_zero_copy_buffers, (1 << 18) + 5, timeout=150):
+        assert failures == []
+    # Every call of case_zero_copy_buffers mapped (24).
+    for mapped, _, _ in zero.run(case_zero_copy_counts, timeout=60):
+        assert mapped >= 24, mapped
+    sizes = [4099, 300003]
+    assert zero.run(case_allreduce_bits, sizes, timeout=120) == pools(4, **rails).run(
+        case_allreduce_bits, sizes, timeout=120), "zero-copy AllReduce over the rails gives other bits than the staged one"
+
+
 @pytest.mark.timeout(200)
 def test_cuda_one_rank_per_node_on_one_gpu(pools):
     """2 emulated nodes x 1 rank on one GPU: NCCL's collectives on the

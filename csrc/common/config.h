@@ -173,7 +173,8 @@ constexpr int kYieldUsOversubscribed = 2000;
     "into a buffer of the rank's own, with the algorithm NCCL picks for one " \
     "rank per node, then one copy of the blocks to their places).")           \
   X(cuda_zero_copy, "SMDDP_CUDA_ZERO_COPY", true, bool, "0", "",                      \
-    "One-node CUDA AllGather, ReduceScatter and AllReduce: the node's ranks "  \
+    "CUDA AllGather, ReduceScatter and AllReduce inside a node (on one node, " \
+    "and the node stage of the rails): the node's ranks "                     \
     "map each other's tensors (CUDA IPC of the caching allocator's segments, " \
     "cached per segment) and read them directly, without the staging copies; " \
     "a call whose tensors cannot be mapped (torch's expandable segments, "    \

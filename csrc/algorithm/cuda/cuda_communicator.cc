@@ -128,7 +128,18 @@ CudaCommunicator::CudaCommunicator(
     c.device_sync = true;
     c.sync_steps = exchangeSteps(flags);
   }
-  if (plan_.mode == DeviceMode::kRails) {
+  const bool rails = plan_.mode == DeviceMode::kRails;
+  // With one rank per node the rails have no node stage to map for.
+  if (config.cuda_zero_copy && !(rails && topology.localSize() == 1)) {
+    buffers_ = std::make_unique<transport::IpcBuffers>(device, topology.localSize());
+    c.buffers = buffers_.get();
+    transport::NodeArena* arena = arena_.get();
+    revocations_ = std::make_unique<transport::Revocations>(
+        *arena_,
+        [arena](int l) { return reinterpret_cast<transport::RevokeBox*>(arena->slot(l, 0) + kRevokeBoxOffset); },
+        [this](int owner, uint64_t id) { buffers_->close(owner, id); });
+  }
+  if (rails) {
     const int l = topology.myLocalRank();
     c.rail_ranks = topology.railRanks(l);
     rail_ = std::make_unique<transport::NcclRail>(
@@ -137,15 +148,6 @@ CudaCommunicator::CudaCommunicator(
     c.rail = rail_.get();
     schedule_ = makeRailsSchedule(c);
   } else {
-    if (config.cuda_zero_copy) {
-      buffers_ = std::make_unique<transport::IpcBuffers>(device, topology.localSize());
-      c.buffers = buffers_.get();
-      transport::NodeArena* arena = arena_.get();
-      revocations_ = std::make_unique<transport::Revocations>(
-          *arena_,
-          [arena](int l) { return reinterpret_cast<transport::RevokeBox*>(arena->slot(l, 0) + kRevokeBoxOffset); },
-          [this](int owner, uint64_t id) { buffers_->close(owner, id); });
-    }
     schedule_ = makeNodeSchedule(c);
   }
   SMDDP_LOG(kInfo, "rank ", topology.rank(), " cuda:", device, ": ", describe());
@@ -198,16 +200,18 @@ CudaCommunicator::~CudaCommunicator() {
 }
 
 std::string CudaCommunicator::describe() const {
+  const std::string ipc = str("cuda ipc (", ctx_->device_sync ? "device" : "host", " sync",
+                              buffers_ ? str(", zero-copy: ", ctx_->mapped_calls.load(), " calls mapped, ",
+                                             ctx_->staged_calls.load(), " staged, ", ctx_->revoked_segments.load(),
+                                             " segments revoked")
+                                       : std::string(),
+                              ")");
   switch (plan_.mode) {
     case DeviceMode::kNode:
-      return str("cuda ipc (", ctx_->device_sync ? "device" : "host", " sync",
-                 buffers_ ? str(", zero-copy: ", ctx_->mapped_calls.load(), " calls mapped, ", ctx_->staged_calls.load(),
-                                " staged, ", ctx_->revoked_segments.load(), " segments revoked")
-                          : std::string(),
-                 "), ", ctx_->topo.describe());
+      return str(ipc, ", ", ctx_->topo.describe());
     case DeviceMode::kRails:
       return ctx_->topo.localSize() == 1 ? str("nccl on the group's buffers (one rank per node), ", ctx_->topo.describe())
-                                         : str("cuda ipc in nodes, nccl rails, ", ctx_->topo.describe());
+                                         : str(ipc, " in nodes, nccl rails, ", ctx_->topo.describe());
     case DeviceMode::kHostStaging:
       return str("cuda staged through host memory (", plan_.why, "), ", ctx_->topo.describe());
   }

@@ -11,7 +11,8 @@
 //                 SMDDP_CUDA_ZERO_COPY the peers map the tensors themselves
 //                 (transport/cuda/ipc_buffers.h) and skip the staging.
 //   rails         (uniform nodes, a GPU per rank) the hierarchical schedules
-//                 with the rail stage on NCCL and the node stage on IPC.
+//                 with the rail stage on NCCL and the node stage on IPC
+//                 (staged, or zero-copy as above).
 //   host staging  (anything else) pinned host memory and the group's CPU
 //                 schedules.
 // node_schedule.cc, rails_schedule.cc and staged_schedule.cc draw them.

@@ -129,7 +129,7 @@ class NodeSchedule : public Schedule {
     MappedCall call;
     const Opened how = openNodeCall(ctx_, args, s, bytes, bytes, &call);
     if (how == Opened::kMapped) {
-      mappedAllReduce(args, s, call, reduce);
+      mappedAllReduce(ctx_, args, s, call, reduce);
       return;
     }
     slicedAllReduce(ctx_, args, s, reduce, how);
@@ -142,40 +142,6 @@ class NodeSchedule : public Schedule {
   }
 
  private:
-  void mappedAllReduce(
-      const OpArgs& args,
-      cudaStream_t s,
-      const MappedCall& call,
-      const std::function<void(const void* const*, uint8_t*, size_t)>& reduce) {
-    const int L = ctx_.topo.localSize();
-    const size_t me = static_cast<size_t>(ctx_.topo.myLocalRank());
-    const size_t es = args.elemSize();
-    const AlignedSlices slices{args.count, static_cast<size_t>(L), std::max<size_t>(1, 16 / es)};
-    const size_t b0 = slices.begin(me) * es;
-    std::vector<const void*> srcs(static_cast<size_t>(L));
-    // In place (in == out) too: rank r writes only slice r, which no peer
-    // reads in this step, and each element only after reading it.
-    mappedStep(ctx_, args, s, true, [&] {
-      for (size_t l = 0; l < srcs.size(); ++l) {
-        srcs[l] = call.in[l] + b0;
-      }
-      reduce(srcs.data(), call.out[me] + b0, slices.size(me));
-    });
-    mappedStep(ctx_, args, s, false, [&] {
-      std::vector<void*> dsts;
-      std::vector<const void*> from;
-      std::vector<size_t> sizes;
-      for (size_t l = 0; l < srcs.size(); ++l) {
-        if (l != me) {
-          dsts.push_back(call.out[me] + slices.begin(l) * es);
-          from.push_back(call.out[l] + slices.begin(l) * es);
-          sizes.push_back(slices.size(l) * es);
-        }
-      }
-      copyBatch(ctx_, dsts, from, sizes, s);
-    });
-  }
-
   DeviceContext& ctx_;
 };
 

@@ -19,6 +19,16 @@
 //                   call), and every rank gathers the node's slices
 //                   (SMDDP_CUDA_PIPELINE: a call per chunk on the rail's
 //                   stream, while the node reduces the next chunk)
+//
+// With SMDDP_CUDA_ZERO_COPY the node stage reads the peers' tensors instead
+// of their stages, in one pass (no chunks, so no pipelining):
+//   AllGather       after the rail stage, rank r copies every peer's rail
+//                   blocks from the peer's output into its own
+//   ReduceScatter   one launch reduces every rail member's block of every
+//                   peer's input into the partials; the rail as above
+//   AllReduce       rank r reduces its slice of every peer's input into its
+//                   output, all-reduces it over the rail in place, then
+//                   copies every peer's slice from the peer's output
 #include <algorithm>
 
 #include "algorithm/cuda/device_reduce.h"
@@ -123,10 +133,23 @@ class RailsSchedule : public Schedule {
     const size_t b = args.count * args.elemSize();
     auto* out = static_cast<uint8_t*>(args.out);
     const auto* in = static_cast<const uint8_t*>(args.in);
+    MappedCall call;
+    const Opened how = openNodeCall(ctx_, args, s, b, static_cast<size_t>(ctx_.topo.size()) * b, &call);
+    if (how == Opened::kMapped) {
+      copyAsync(out + static_cast<size_t>(ctx_.topo.rank()) * b, in, b, s);
+      railGather(args, 0, b, s);
+      // Not `first`: the peers' outputs hold their rails' blocks only now.
+      mappedStep(ctx_, args, s, false, [&] {
+        for (int k = 1; k < L; ++k) {
+          const int l = (me + k) % L;
+          copySameBlocks(out, call.out[static_cast<size_t>(l)], railOffsets(l, b), b, s);
+        }
+      });
+      return;
+    }
     const size_t cb = std::max<size_t>(1, ctx_.ipc->stagingBytes() / static_cast<size_t>(N));
     const size_t chunks = chunkCount(b, cb);
     const bool pipelined = ctx_.config.cuda_pipeline;
-    openDeviceCall(ctx_, args);
     if (pipelined) {
       reserveEvents(chunks + 1);
       // The rail stream starts after what the caller enqueued before the call.
@@ -150,7 +173,7 @@ class RailsSchedule : public Schedule {
         cudaCheck(cudaStreamWaitEvent(s, chunk_events_[c + 1], 0), "cudaStreamWaitEvent");
       }
       exchange(
-          ctx_, args, s, c == 0,
+          ctx_, args, s, c == 0 && how == Opened::kStaged,
           [&] {
             // My rail's N blocks, one strided copy where they lie evenly.
             copyBlocks(out + off, railOffsets(me, b), ctx_.ipc->staging(me), cb, len, /*to_stage=*/true, s);
@@ -184,6 +207,28 @@ class RailsSchedule : public Schedule {
     std::vector<const void*> srcs(static_cast<size_t>(L));
     const ncclDataType_t type = ncclTypeOf(args.dtype());
     const ncclRedOp_t op = ncclOpOf(args.reduce.op);
+    std::vector<size_t> offsets(static_cast<size_t>(N));
+    MappedCall call;
+    const Opened how = openNodeCall(ctx_, args, s, static_cast<size_t>(world) * b, 0, &call);
+    if (how == Opened::kMapped) {
+      // Every rail member's block of every peer's input in one launch, then
+      // the rail as on the staged path (the same partials, the same bits).
+      mappedStep(ctx_, args, s, true, [&] {
+        for (int m = 0; m < N; ++m) {
+          offsets[static_cast<size_t>(m)] = static_cast<size_t>(ctx_.rail_ranks[static_cast<size_t>(m)]) * b;
+        }
+        for (int l = 0; l < L; ++l) {
+          srcs[static_cast<size_t>(l)] = call.in[static_cast<size_t>(l)];
+        }
+        launchReduceSegments(args.reduce, partials, b, srcs.data(), L, offsets.data(), N, args.count,
+                             Sources::kInputs, Result::kPartial, ctx_.config.cuda_reduce_blocks, s);
+      });
+      ctx_.rail->run("the rail ReduceScatter", args.deadline, [&](ncclComm_t comm) {
+        return ncclReduceScatter(partials, args.out, args.count, type, op, comm, s);
+      });
+      launchFinalize(args.reduce, args.out, args.count, Sources::kPartials, ctx_.config.cuda_reduce_blocks, s);
+      return;
+    }
     // Node: the partial of every rail member's block, reduced over the node.
     const size_t ce = std::max<size_t>(1, ctx_.ipc->stagingBytes() / (static_cast<size_t>(world) * es));
     const size_t chunks = chunkCount(args.count, ce);
@@ -194,12 +239,11 @@ class RailsSchedule : public Schedule {
     if (pipelined) {
       reserveEvents(chunks + 1);
     }
-    openDeviceCall(ctx_, args);
     for (size_t c = 0; c < chunks; ++c) {
       const size_t off = c * ce;
       const size_t len = chunkLen(args.count, ce, c);
       exchange(
-          ctx_, args, s, c == 0,
+          ctx_, args, s, c == 0 && how == Opened::kStaged,
           [&] {
             copyRows(ctx_, ctx_.ipc->staging(ctx_.topo.myLocalRank()), ce * es, in + off * es, b, len * es,
                      static_cast<size_t>(world), s);
@@ -207,7 +251,6 @@ class RailsSchedule : public Schedule {
           [&] {
             // Every rail member's block of this chunk in one launch: segment
             // m reads block rail_ranks[m] of every stage.
-            std::vector<size_t> offsets(static_cast<size_t>(N));
             for (int m = 0; m < N; ++m) {
               offsets[static_cast<size_t>(m)] = static_cast<size_t>(ctx_.rail_ranks[static_cast<size_t>(m)]) * ce * es;
             }
@@ -258,6 +301,26 @@ class RailsSchedule : public Schedule {
       launchFinalize(args.reduce, args.out, args.count, Sources::kPartials, ctx_.config.cuda_reduce_blocks, s);
       return;
     }
+    // Rail: slices over the nodes, then AVG's division.
+    auto railAllReduce = [&](uint8_t* slices, size_t count, cudaStream_t st) {
+      ctx_.rail->run("the rail AllReduce", args.deadline, [&](ncclComm_t comm) {
+        return ncclAllReduce(slices, slices, count, type, op, comm, st);
+      });
+      launchFinalize(args.reduce, slices, count, Sources::kPartials, ctx_.config.cuda_reduce_blocks, st);
+    };
+    const size_t bytes = args.count * args.elemSize();
+    MappedCall call;
+    const Opened how = openNodeCall(ctx_, args, s, bytes, bytes, &call);
+    auto reduceSlice = [&](const void* const* srcs, uint8_t* result, size_t count) {
+      launchReduce(args.reduce, result, srcs, L, count, Sources::kInputs, Result::kPartial,
+                   ctx_.config.cuda_reduce_blocks, s);
+    };
+    if (how == Opened::kMapped) {
+      mappedAllReduce(ctx_, args, s, call, reduceSlice, [&](uint8_t* slice, size_t count) {
+        railAllReduce(slice, count, s);
+      });
+      return;
+    }
     const bool pipelined = ctx_.config.cuda_pipeline;
     SliceRail rail;
     rail.steps = pipelined ? RailSteps::kPerChunk : RailSteps::kWhole;
@@ -273,18 +336,8 @@ class RailsSchedule : public Schedule {
       rail.railed[0] = chunk_events_[2];
       rail.railed[1] = chunk_events_[3];
     }
-    // Rail: slices over the nodes, then AVG's division.
-    rail.run = [&](uint8_t* slices, size_t count, cudaStream_t st) {
-      ctx_.rail->run("the rail AllReduce", args.deadline, [&](ncclComm_t comm) {
-        return ncclAllReduce(slices, slices, count, type, op, comm, st);
-      });
-      launchFinalize(args.reduce, slices, count, Sources::kPartials, ctx_.config.cuda_reduce_blocks, st);
-    };
-    openDeviceCall(ctx_, args);
-    slicedAllReduce(ctx_, args, s, [&](const void* const* srcs, uint8_t* result, size_t count) {
-      launchReduce(args.reduce, result, srcs, L, count, Sources::kInputs, Result::kPartial,
-                   ctx_.config.cuda_reduce_blocks, s);
-    }, Opened::kStaged, &rail);
+    rail.run = railAllReduce;
+    slicedAllReduce(ctx_, args, s, reduceSlice, how, &rail);
   }
 
   void broadcast(const OpArgs& args, cudaStream_t s) override {
@@ -311,6 +364,24 @@ class RailsSchedule : public Schedule {
   }
 
  private:
+  // `len` bytes at each of `offsets` from `src` to the same offsets in
+  // `dst`: one strided copy where they lie evenly, else one copy each.
+  void copySameBlocks(uint8_t* dst, const uint8_t* src, const std::vector<size_t>& offsets, size_t len,
+                      cudaStream_t s) {
+    size_t stride = 0;
+    if (evenlySpaced(offsets, &stride)) {
+      copyRows(ctx_, dst + offsets[0], stride, src + offsets[0], stride, len, offsets.size(), s);
+      return;
+    }
+    std::vector<void*> dsts;
+    std::vector<const void*> srcs;
+    for (size_t off : offsets) {
+      dsts.push_back(dst + off);
+      srcs.push_back(src + off);
+    }
+    copyBatch(ctx_, dsts, srcs, std::vector<size_t>(offsets.size(), len), s);
+  }
+
   // Bytes [off, off + len) of this rank's block to every rail member, and of
   // theirs into their places in the output, on `st`: one group of send/recv
   // straight into the output, or (SMDDP_CUDA_RAIL_ALLGATHER=nccl)

@@ -47,7 +47,7 @@ struct DeviceContext {
   // long a wait may last), made once with the communicator.
   bool device_sync = false;
   ExchangeSteps sync_steps;
-  // SMDDP_CUDA_ZERO_COPY: the peers' own buffers, mapped (one node only);
+  // SMDDP_CUDA_ZERO_COPY: the node's peers' own buffers, mapped;
   // how many calls went through them and how many were staged (read by
   // describe() from any thread).
   transport::IpcBuffers* buffers = nullptr;
@@ -160,6 +160,20 @@ Opened openNodeCall(
 // step (the rule transport/peer_mappings.h relies on). `first`: the step
 // right after openNodeCall.
 void mappedStep(DeviceContext& ctx, const OpArgs& args, cudaStream_t s, bool first, const std::function<void()>& consume);
+
+// AllReduce of a mapped call: each rank reduces its slice of every peer's
+// input into its own output with `reduceSlice(srcs, result, count)` (the
+// slices 16-byte aligned), runs `railSlice(slice, count)` on it where given
+// (the rails' stage across nodes, in place, on the same stream), then copies
+// every peer's slice from the peer's output. Each element is reduced in local
+// rank order, as on the staged path.
+void mappedAllReduce(
+    DeviceContext& ctx,
+    const OpArgs& args,
+    cudaStream_t s,
+    const MappedCall& call,
+    const std::function<void(const void* const* srcs, uint8_t* result, size_t count)>& reduceSlice,
+    const std::function<void(uint8_t* slice, size_t count)>& railSlice = nullptr);
 
 // The rail stage of a sliced AllReduce over the rails (its steps and their
 // order: algorithm/device_plan.h, slicedAllReducePlan). `run(slices, count,

@@ -378,6 +378,45 @@ void mappedStep(DeviceContext& ctx, const OpArgs& args, cudaStream_t s, bool fir
   waitPeers(ctx, s, &transport::CudaIpcArena::done);
 }
 
+void mappedAllReduce(
+    DeviceContext& ctx,
+    const OpArgs& args,
+    cudaStream_t s,
+    const MappedCall& call,
+    const std::function<void(const void* const* srcs, uint8_t* result, size_t count)>& reduceSlice,
+    const std::function<void(uint8_t* slice, size_t count)>& railSlice) {
+  const int L = ctx.topo.localSize();
+  const size_t me = static_cast<size_t>(ctx.topo.myLocalRank());
+  const size_t es = args.elemSize();
+  const AlignedSlices slices{args.count, static_cast<size_t>(L), std::max<size_t>(1, 16 / es)};
+  const size_t b0 = slices.begin(me) * es;
+  std::vector<const void*> srcs(static_cast<size_t>(L));
+  // In place (in == out) too: rank r writes only slice r, which no peer
+  // reads in this step, and each element only after reading it.
+  mappedStep(ctx, args, s, true, [&] {
+    for (size_t l = 0; l < srcs.size(); ++l) {
+      srcs[l] = call.in[l] + b0;
+    }
+    reduceSlice(srcs.data(), call.out[me] + b0, slices.size(me));
+  });
+  if (railSlice) {
+    railSlice(call.out[me] + b0, slices.size(me));
+  }
+  mappedStep(ctx, args, s, false, [&] {
+    std::vector<void*> dsts;
+    std::vector<const void*> from;
+    std::vector<size_t> sizes;
+    for (size_t l = 0; l < srcs.size(); ++l) {
+      if (l != me) {
+        dsts.push_back(call.out[me] + slices.begin(l) * es);
+        from.push_back(call.out[l] + slices.begin(l) * es);
+        sizes.push_back(slices.size(l) * es);
+      }
+    }
+    copyBatch(ctx, dsts, from, sizes, s);
+  });
+}
+
 void oneShotAllReduce(
     DeviceContext& ctx,
     const OpArgs& args,
