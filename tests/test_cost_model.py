@@ -212,6 +212,31 @@ def test_cuda_pipelined_is_the_slower_stage_plus_one_chunk_of_the_other():
     assert hierarchical_time("all_gather", S, 2, slow) == pytest.approx(4160 * US)
 
 
+def test_cuda_zero_copy_reads_the_peers_tensors_in_one_pass():
+    # SMDDP_CUDA_ZERO_COPY: no staging copies, no chunks; the node's meetings
+    # are the call's (open, then each mapped step's), 2 per exchange's sigma.
+    m = cuda(2, schedule="cuda-zero-copy")
+    # AllGather, b = 2e6: own block 10 us; the rail 10 + 400 = 410 us; three
+    # meetings 7.5 us and the peer's rail blocks over NVSwitch 2 x 2e6/100e9
+    # = 40 us: 467.5 us (500 us staged).
+    assert hierarchical_time("all_gather", S, 2, m) == pytest.approx(467.5 * US)
+    # ReduceScatter: two meetings 5 us, the kernel reading the peer's rail
+    # blocks 40 us, the rail 410 us: 455 us (530 us staged).
+    assert hierarchical_time("reduce_scatter", S, 2, m) == pytest.approx(455 * US)
+    # AllReduce: four meetings 10 us, the peer's half read and its slice
+    # copied 2 x 4e6/100e9 = 80 us, the rail 2 x 10 + 800 = 820 us: 910 us
+    # (1140 us staged).
+    assert hierarchical_time("all_reduce", S, 2, m) == pytest.approx(910 * US)
+    # One node, b = 4e6: AllGather 20 + 5 + 40 = 65 us (100 staged),
+    # ReduceScatter 5 + 40 = 45 us (120 staged), AllReduce 10 + 80 = 90 us.
+    assert hierarchical_time("all_gather", S, 1, m) == pytest.approx(65 * US)
+    assert hierarchical_time("reduce_scatter", S, 1, m) == pytest.approx(45 * US)
+    assert hierarchical_time("all_reduce", S, 1, m) == pytest.approx(90 * US)
+    # With one GPU per node there is no node stage to map: NCCL's ring.
+    assert hierarchical_time("all_gather", S, 2, cuda(1, schedule="cuda-zero-copy")) == pytest.approx(410 * US)
+    assert "zero-copy" in model.describe_schedule(m)
+
+
 def test_the_pipelined_cpu_schedule_is_chosen_by_name():
     assert machine(2).schedule == "cpu-pipelined"
     pipelined = hierarchical_time("all_gather", S, 2, machine(2))

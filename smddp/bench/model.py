@@ -28,7 +28,7 @@ from smddp.bench.units import parse_counts, parse_size, parse_size_list, positiv
 
 MODEL_OPS = ("all_gather", "reduce_scatter", "all_reduce")
 # smddp's schedules the model knows, by the code path that runs them.
-SCHEDULES = ("cuda", "cuda-pipelined", "cpu-pipelined")
+SCHEDULES = ("cuda", "cuda-pipelined", "cuda-zero-copy", "cpu-pipelined")
 
 
 @dataclass(frozen=True)
@@ -47,7 +47,8 @@ class Machine:
     chunk_bytes: int = 1 << 20  # cpu-pipelined: the pipeline chunk (SMDDP_CHUNK_BYTES)
     node_gbps: float = 0.0  # effective network rate of a node; 0: nics*nic_gbps*net_efficiency
     # Which of smddp's schedules runs (SCHEDULES): cuda, the GPU path's node
-    # and rails schedules (cuda-pipelined: with SMDDP_CUDA_PIPELINE);
+    # and rails schedules (cuda-pipelined: with SMDDP_CUDA_PIPELINE,
+    # cuda-zero-copy: with SMDDP_CUDA_ZERO_COPY);
     # cpu-pipelined, the host path's stages side by side.
     schedule: str = "cpu-pipelined"
     staging_bytes: int = 32 << 20  # cuda: each rank's staging buffer (SMDDP_CUDA_STAGING_BYTES)
@@ -141,11 +142,15 @@ def cuda_time(op: str, size: float, nodes: int, m: Machine) -> float:
     GPU per node, NCCL's collective on the whole group. Schedule
     cuda: every step on the caller's stream, so stages and chunks add up;
     cuda-pipelined (SMDDP_CUDA_PIPELINE): the rail stage chunk by chunk on a
-    stream of its own, so the slower stage plus one chunk of the faster."""
+    stream of its own, so the slower stage plus one chunk of the faster;
+    cuda-zero-copy (SMDDP_CUDA_ZERO_COPY): the node stage on the peers'
+    tensors in one pass, as zero_copy_time."""
     _check(op, nodes, m)
     if m.gpus_per_node == 1:
         # One GPU per node: the rail is the group, NCCL's ring on the user's buffers.
         return ring_time(op, size, nodes, m)
+    if m.schedule == "cuda-zero-copy":
+        return zero_copy_time(op, size, nodes, m)
     n, g, z = nodes, m.gpus_per_node, m.staging_bytes
     nv, share = m.nvlink_gbs * 1e9, m.nic_share_gbs * 1e9
     copy = m.copy_gbs * 1e9 if m.copy_gbs else math.inf
@@ -186,6 +191,32 @@ def cuda_time(op: str, size: float, nodes: int, m: Machine) -> float:
     if not pipelined:
         return fixed + node + rail
     return fixed + max(node, rail) + min(node, rail) / chunks
+
+
+def zero_copy_time(op: str, size: float, nodes: int, m: Machine) -> float:
+    """Seconds of the CUDA path with SMDDP_CUDA_ZERO_COPY: the node stage
+    reads the peers' tensors over NVSwitch in one pass (no staging copies, no
+    chunks), its meetings of the node's ranks those of the call (sync_us per
+    two: the open, then one or two per mapped step); the rail as on the staged
+    path, one call; every step on the caller's stream."""
+    n, g = nodes, m.gpus_per_node
+    nv, share = m.nvlink_gbs * 1e9, m.nic_share_gbs * 1e9
+    copy = m.copy_gbs * 1e9 if m.copy_gbs else math.inf
+    meeting, alpha = m.sync_us * 1e-6 / 2, m.alpha_inter_us * 1e-6
+    block = size / (n * g)
+    if op == "all_gather":
+        # The own block into the output, the rail straight into it, then
+        # each peer's rail blocks from the peer's output (over the rails the
+        # step meets twice after the open, on one node once).
+        return (block / copy + (n - 1) * (alpha + block / share)
+                + (3 if n > 1 else 2) * meeting + (g - 1) * n * block / nv)  # fmt: skip
+    if op == "reduce_scatter":
+        # One kernel reducing the rail's N blocks of every peer's input into
+        # the partials, then the rail's ReduceScatter of them.
+        return 2 * meeting + (g - 1) * n * block / nv + (n - 1) * (alpha + block / share)
+    # AllReduce: the own slice (1/G) of every input reduced into the output,
+    # all-reduced over the rail in place, every peer's slice copied.
+    return 4 * meeting + 2 * (g - 1) * size / g / nv + 2 * (n - 1) * (alpha + size / (g * n) / share)
 
 
 @dataclass(frozen=True)
@@ -250,7 +281,8 @@ _CONSTANTS: dict[str, tuple[Any, str]] = {
     "schedule": (str,
                  "smddp's schedule: cuda (the GPU path: stages one after the other, the node "
                  "stage through the staging buffers), cuda-pipelined (the same with "
-                 "SMDDP_CUDA_PIPELINE=1: the rail stage on a stream of its own, chunk by chunk) "
+                 "SMDDP_CUDA_PIPELINE=1: the rail stage on a stream of its own, chunk by chunk), "
+                 "cuda-zero-copy (with SMDDP_CUDA_ZERO_COPY=1: the node stage on the peers' tensors, one pass) "
                  "or cpu-pipelined (the host path: stages side by side) [the preset's: cuda]"),
     "staging_bytes": (at_least(1, parse_size),
                       "cuda: each rank's staging buffer, SMDDP_CUDA_STAGING_BYTES [32M]"),
@@ -322,8 +354,12 @@ def describe(m: Machine) -> str:
 
 def describe_schedule(m: Machine) -> str:
     """smddp's schedule and its constants, in one line."""
+    copy = f"{m.copy_gbs:.4g} GB/s" if m.copy_gbs else "not modelled"
+    if m.schedule == "cuda-zero-copy":
+        return (f"the CUDA schedule, the node stage zero-copy on the peers' tensors in one pass "
+                f"(SMDDP_CUDA_ZERO_COPY), stages one after the other; {m.sync_us / 2:.4g} us per meeting of the "
+                f"node's ranks, copies in a GPU {copy}")
     if m.schedule.startswith("cuda"):
-        copy = f"{m.copy_gbs:.4g} GB/s" if m.copy_gbs else "not modelled"
         how = ("the rail stage on a stream of its own, chunk by chunk (SMDDP_CUDA_PIPELINE)"
                if m.schedule == "cuda-pipelined" else "stages one after the other")  # fmt: skip
         return (f"the CUDA schedule, {how}; staging buffer "
