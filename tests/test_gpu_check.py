@@ -182,26 +182,43 @@ def test_d_fails():
 """
 
 FAKE_ALONE_TESTS = """
+import os, time
+
 def test_x():
     pass
 
 def test_y_fails():
     assert False, "y is wrong"
+
+# Each passes only while the other runs: the test ids run side by side.
+def _meet(me, other):
+    open(os.path.join(MEET, me), "w").close()
+    t = time.monotonic()
+    while not os.path.exists(os.path.join(MEET, other)):
+        assert time.monotonic() - t < 20, f"{other} never ran beside {me}"
+        time.sleep(0.05)
+
+def test_p():
+    _meet("p", "q")
+
+def test_q():
+    _meet("q", "p")
 """
 
 
 def test_a_hung_kernel_test_is_isolated_and_the_rest_still_run(tmp_path, monkeypatch, capsys):
     """The kernel step is killed in a hung test: the tests step runs each
-    other GPU test alone, then the hung kernel test alone and the kernel
-    tests after it together, so that every one gets a verdict."""
+    other GPU test alone (two at a time, --test-jobs 2), then the hung kernel
+    test alone and the kernel tests after it together, so that every one gets
+    a verdict."""
     monkeypatch.chdir(ROOT)
     (tmp_path / "tests").mkdir()
     (tmp_path / "tests" / "test_fake_kernel.py").write_text(FAKE_KERNEL_TESTS)
-    (tmp_path / "tests" / "test_fake_alone.py").write_text(FAKE_ALONE_TESTS)
+    (tmp_path / "tests" / "test_fake_alone.py").write_text(f"MEET = {str(tmp_path)!r}\n" + FAKE_ALONE_TESTS)
     out = tmp_path / "out"
     steps = [s for s in gpu_check.STEPS if s.name in ("kernel", "tests")]
     steps = [gpu_check.Step(s.name, s.fn, cap_s=c, min_s=1) for s, c in zip(steps, (12, 60))]
-    args = gpu_check.parse_args(["--deadline-s", "90", "--out", str(out), "--test-cap-s", "6"])
+    args = gpu_check.parse_args(["--deadline-s", "90", "--out", str(out), "--test-cap-s", "8", "--test-jobs", "2"])
     check = gpu_check.Check(args, steps)
     check.test_root = str(tmp_path)
     check.kernel_file = "tests/test_fake_kernel.py"
@@ -215,11 +232,13 @@ def test_a_hung_kernel_test_is_isolated_and_the_rest_still_run(tmp_path, monkeyp
     assert subs["test_fake_alone.py::test_x"]["status"] == "ok"
     assert subs["test_fake_alone.py::test_y_fails"]["status"] == "FAIL"
     assert "y is wrong" in subs["test_fake_alone.py::test_y_fails"]["reason"]
+    for node in ("test_p", "test_q"):
+        assert subs[f"test_fake_alone.py::{node}"]["status"] == "ok", subs[f"test_fake_alone.py::{node}"]
     assert subs["test_fake_kernel.py::test_b_hangs"]["status"] == "timeout"
     assert subs["2 more kernel tests together"]["status"] == "FAIL"
     assert subs["test_fake_kernel.py::test_d_fails"]["status"] == "FAIL"
     assert tests["status"] == "timeout"
-    assert tests["reason"] == "2 ok, 2 FAIL, 1 timeout"
+    assert tests["reason"] == "4 ok, 2 FAIL, 1 timeout"
     with tarfile.open(out / "logs.tar.gz") as tar:
         log = tar.extractfile("logs/tests.log").read().decode()
     # The hung test's stack, dumped before the kill.

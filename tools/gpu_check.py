@@ -30,7 +30,8 @@ left of the deadline once the later steps' minimums are set aside:
     sanitizer     compute-sanitizer memcheck (then racecheck) on the kernel
                   test, after a probe; "skipped: runtime" where it cannot run
     tests         each GPU test id (tests/test_cuda.py, and kernel tests the
-                  kernel step left without a verdict) in its own pytest
+                  kernel step left without a verdict) in its own pytest;
+                  those of tests/test_cuda.py three at a time (--test-jobs)
     bench-kernels      bench/gpu_kernels.py --json $OUT/kernels.json
     bench-collectives  bench/gpu_collectives.py --nproc 2 --json $OUT/collectives.json
     bench-latency      bench/gpu_latency.py --nproc 2 --json $OUT/latency.json
@@ -108,6 +109,8 @@ class Outcome:
     # script writes around it).
     log_from: int = 0
     log_to: int = 0
+    # The log, where it is not the step's own.
+    log_path: str | None = None
 
     @property
     def ok(self) -> bool:
@@ -198,48 +201,84 @@ def stop_tree(root: int, dump: bool, log=None) -> int:
     return len(pids)
 
 
-def run_bounded(argv: list[str], log_path: str, timeout_s: float, env: dict | None = None,
-                cwd: str = ROOT) -> Outcome:
-    """Runs argv with its output appended to log_path, for at most timeout_s.
+class Child:
+    """One child process with its output appended to log_path, for at most
+    timeout_s; polled (poll) so that several can run side by side, or waited
+    for (wait).
 
     The child leads a new session, so that its whole tree can be found and
     killed; leftovers (ranks that outlived their parent) are killed even
     after a normal exit.
     """
-    # Appending: the child's writes and this script's share the file's end.
-    with open(log_path, "ab", buffering=0) as log:
-        log.write(f"\n$ {shlex.join(argv)}\n# cap {timeout_s:.0f} s, started {time.strftime('%H:%M:%S')}\n".encode())
-        start_offset = log.tell()
-        t0 = time.monotonic()
+
+    def __init__(self, argv: list[str], log_path: str, timeout_s: float, env: dict | None = None,
+                 cwd: str = ROOT, own_log: bool = False):
+        self.argv, self.timeout_s, self.outcome = argv, timeout_s, None
+        # Set by StepRun.start: its time is what was left of the step's.
+        self.at_step_end = False
+        self.log_path = log_path if own_log else None
+        # Appending: the child's writes and this script's share the file's end.
+        self.log = open(log_path, "ab", buffering=0)
+        self.log.write(f"\n$ {shlex.join(argv)}\n# cap {timeout_s:.0f} s, started {time.strftime('%H:%M:%S')}\n".encode())
+        self.start_offset = self.log.tell()
+        self.t0 = time.monotonic()
         try:
-            p = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
-                                 env=env, cwd=cwd, start_new_session=True)
+            self.p = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=self.log, stderr=subprocess.STDOUT,
+                                      env=env, cwd=cwd, start_new_session=True)
         except OSError as e:
-            log.write(f"# could not start: {e}\n".encode())
-            return Outcome(argv, None, 0.0, error=f"could not start {argv[0]}: {e}",
-                           log_from=start_offset, log_to=log.tell())
-        timed_out = False
-        try:
-            rc = p.wait(timeout=max(0.1, timeout_s))
-        except subprocess.TimeoutExpired:
-            timed_out = True
-        except BaseException:
-            # This script is being stopped: the child goes first.
-            log.write(b"\n*** the check was interrupted\n")
-            stop_tree(p.pid, dump=True, log=log)
-            raise
-        end_offset = log.tell()
-        left = stop_tree(p.pid, dump=timed_out, log=log)
+            self.log.write(f"# could not start: {e}\n".encode())
+            self.outcome = Outcome(argv, None, 0.0, error=f"could not start {argv[0]}: {e}",
+                                   log_from=self.start_offset, log_to=self.log.tell(), log_path=self.log_path)
+            self.log.close()
+
+    def poll(self) -> Outcome | None:
+        """The outcome once the child has ended or outlived its time (its tree
+        then killed), else None."""
+        if self.outcome is None:
+            rc = self.p.poll()
+            if rc is not None or time.monotonic() - self.t0 >= self.timeout_s:
+                self._finish(rc, timed_out=rc is None)
+        return self.outcome
+
+    def wait(self) -> Outcome:
+        if self.outcome is None:
+            try:
+                rc = self.p.wait(timeout=max(0.1, self.timeout_s - (time.monotonic() - self.t0)))
+                self._finish(rc, timed_out=False)
+            except subprocess.TimeoutExpired:
+                self._finish(None, timed_out=True)
+            except BaseException:
+                self.interrupt()
+                raise
+        return self.outcome
+
+    def interrupt(self) -> None:
+        """This script is being stopped: the child goes first."""
+        if self.outcome is None and not self.log.closed:
+            self.log.write(b"\n*** the check was interrupted\n")
+            stop_tree(self.p.pid, dump=True, log=self.log)
+            self.log.close()
+
+    def _finish(self, rc: int | None, timed_out: bool) -> None:
+        end_offset = self.log.tell()
+        left = stop_tree(self.p.pid, dump=timed_out, log=self.log)
         if timed_out:
-            rc = p.wait()
+            rc = self.p.wait()
             # The stacks belong to what the child said.
-            end_offset = log.tell()
+            end_offset = self.log.tell()
         elif left:
-            log.write(f"# killed {left} processes it left running\n".encode())
-        seconds = time.monotonic() - t0
-        out = Outcome(argv, rc, seconds, timed_out=timed_out, log_from=start_offset, log_to=end_offset)
-        log.write(f"# {out.describe()} after {seconds:.1f} s\n".encode())
-        return out
+            self.log.write(f"# killed {left} processes it left running\n".encode())
+        seconds = time.monotonic() - self.t0
+        self.outcome = Outcome(self.argv, rc, seconds, timed_out=timed_out, log_from=self.start_offset,
+                               log_to=end_offset, log_path=self.log_path)
+        self.log.write(f"# {self.outcome.describe()} after {seconds:.1f} s\n".encode())
+        self.log.close()
+
+
+def run_bounded(argv: list[str], log_path: str, timeout_s: float, env: dict | None = None,
+                cwd: str = ROOT) -> Outcome:
+    """Runs argv with its output appended to log_path, for at most timeout_s (Child)."""
+    return Child(argv, log_path, timeout_s, env=env, cwd=cwd).wait()
 
 
 def read_span(path: str, start: int, end: int) -> str:
@@ -323,23 +362,40 @@ class StepRun:
     def run(self, argv: list[str], timeout: float | None = None, env: dict | None = None,
             cwd: str = ROOT) -> Outcome:
         """argv, bounded by timeout and by what is left of the step."""
+        child = self.start(argv, timeout, env, cwd)
+        if isinstance(child, Outcome):
+            return child
+        child.wait()
+        return self.ended(child)
+
+    def start(self, argv: list[str], timeout: float | None = None, env: dict | None = None, cwd: str = ROOT,
+              log_path: str | None = None) -> "Child | Outcome":
+        """argv started, bounded as run() bounds it (its output in log_path,
+        else the step's log); its Outcome at once where no time is left.
+        Pass what the Child gives to ended()."""
         left = self.left()
         limit = left if timeout is None else min(timeout, left)
         if limit < 1.0:
             self.capped = True
             self.note(f"# not started (no time left): {shlex.join(argv)}")
             return Outcome(argv, None, 0.0, timed_out=True, error="not started: the step's time was up")
-        out = run_bounded(argv, self.log_path, limit, env=child_env(env), cwd=cwd)
-        if out.timed_out and limit >= left - 0.5:
+        child = Child(argv, log_path or self.log_path, limit, env=child_env(env), cwd=cwd, own_log=bool(log_path))
+        # Killed at the step's end rather than at its own cap: the step was capped.
+        child.at_step_end = limit >= left - 0.5
+        return child
+
+    def ended(self, child: "Child") -> Outcome:
+        """The outcome of a child start() gave, once it has one."""
+        if child.outcome.timed_out and child.at_step_end:
             self.capped = True
-        return out
+        return child.outcome
 
     def python(self, args: list[str], timeout: float | None = None, env: dict | None = None,
                cwd: str = ROOT) -> Outcome:
         return self.run([PY] + args, timeout=timeout, env=env, cwd=cwd)
 
     def output(self, out: Outcome) -> str:
-        return read_span(self.log_path, out.log_from, out.log_to)
+        return read_span(out.log_path or self.log_path, out.log_from, out.log_to)
 
     def sub(self, name: str, status: str, seconds: float, reason: str) -> None:
         self.subs.append({"name": name, "status": status, "seconds": round(seconds, 1), "reason": reason})
@@ -619,16 +675,19 @@ def step_tests(check: "Check", run: StepRun):
     counts = {OK: 0, FAIL: 0, SKIPPED: 0, TIMEOUT: 0}
     runs = 0
 
-    def pytest(targets: list[str]) -> tuple[str, str, dict, float]:
-        nonlocal runs
-        junit = os.path.join(check.logs, f"tests-{runs:02d}.xml")
-        runs += 1
-        out = run.python(pytest_argv(targets, junit), timeout=check.args.test_cap_s, env=env, cwd=check.test_root)
+    def verdict(out: Outcome, junit: str) -> tuple[str, str, dict, float]:
         results = pytest_results(junit, run, out)
         status, reason = summarize_junit(results, out)
         if status == SKIPPED:
             reason = reason.split(": ", 1)[-1]
         return status, reason, results, out.seconds
+
+    def pytest(targets: list[str]) -> tuple[str, str, dict, float]:
+        nonlocal runs
+        junit = os.path.join(check.logs, f"tests-{runs:02d}.xml")
+        runs += 1
+        out = run.python(pytest_argv(targets, junit), timeout=check.args.test_cap_s, env=env, cwd=check.test_root)
+        return verdict(out, junit)
 
     kernel = check.kernel_file + "::"
     alone = [i for i in ids if not i.startswith(kernel)]
@@ -636,14 +695,37 @@ def step_tests(check: "Check", run: StepRun):
     pending = [i for i in ids if i.startswith(kernel) and i not in seen]
     run.details["alone"] = alone
     run.details["kernel_leftovers"] = list(pending)
-    for node in alone:
-        if run.left() < 10:
-            run.sub(_short(node), SKIPPED, 0.0, "no time left")
-            counts[SKIPPED] += 1
-            continue
-        status, reason, _, secs = pytest([node])
-        run.sub(_short(node), status, secs, reason)
-        counts[status] += 1
+    # Each alone, --test-jobs of them side by side: most of a test's time is
+    # its processes starting (torch, CUDA, NCCL), which the machine's cores
+    # do in parallel. Each has a log of its own.
+    queue, running = list(alone), []
+    try:
+        while queue or running:
+            while queue and len(running) < max(1, check.args.test_jobs):
+                node = queue.pop(0)
+                if run.left() < 10:
+                    run.sub(_short(node), SKIPPED, 0.0, "no time left")
+                    counts[SKIPPED] += 1
+                    continue
+                junit, log = (os.path.join(check.logs, f"tests-{runs:02d}.{ext}") for ext in ("xml", "log"))
+                runs += 1
+                child = run.start([PY, *pytest_argv([node], junit)], timeout=check.args.test_cap_s, env=env,
+                                  cwd=check.test_root, log_path=log)
+                running.append((node, child, junit))
+            for item in list(running):
+                node, child, junit = item
+                out = child if isinstance(child, Outcome) else child.poll()
+                if out is not None:
+                    running.remove(item)
+                    status, reason, _, secs = verdict(out if isinstance(child, Outcome) else run.ended(child), junit)
+                    run.sub(_short(node), status, secs, reason)
+                    counts[status] += 1
+            time.sleep(0.1)
+    except BaseException:
+        for _, child, _ in running:
+            if isinstance(child, Child):
+                child.interrupt()
+        raise
     while pending and run.left() >= 10:
         first, rest = pending[0], pending[1:]
         status, reason, _, secs = pytest([first])
@@ -761,7 +843,7 @@ STEPS = [
     Step("kernel", step_kernel, cap_s=90, min_s=20, gpu=True, needs=("import",), doc="the reduction kernel, bit for bit"),
     Step("smoke", step_smoke, cap_s=60, min_s=20, gpu=True, needs=("import",), doc="each native op, 2 ranks"),
     Step("sanitizer", step_sanitizer, cap_s=90, min_s=20, gpu=True, needs=("import",), doc="compute-sanitizer"),
-    Step("tests", step_tests, cap_s=200, min_s=60, gpu=True, needs=("import",), doc="each GPU test id alone"),
+    Step("tests", step_tests, cap_s=200, min_s=60, gpu=True, needs=("import",), doc="each GPU test id alone, --test-jobs at a time"),
     Step("bench-kernels", step_bench_kernels, cap_s=60, min_s=30, gpu=True, needs=("import",),
          doc="bench/gpu_kernels.py"),
     Step("bench-collectives", step_bench_collectives, cap_s=120, min_s=45, gpu=True, needs=("import",),
@@ -1023,6 +1105,7 @@ def parse_args(argv: list[str] | None = None):
     p.add_argument("--list", action="store_true", help="list the steps and exit")
     p.add_argument("--force-gpu-steps", action="store_true", help="run the GPU steps even where no GPU is seen")
     p.add_argument("--test-cap-s", type=float, default=100.0, help="the cap of one test id in the tests step")
+    p.add_argument("--test-jobs", type=int, default=3, help="test ids the tests step runs side by side (default 3)")
     p.add_argument("--test-timeout-scale", type=float, default=0.5,
                    help="SMDDP_TEST_TIMEOUT_SCALE for the tests step (default 0.5: the harness gives up on a "
                         "silent pool, with its ranks' stacks, before the test's cap)")
