@@ -482,6 +482,8 @@ def test_cuda_stalled_collective_fails_within_the_timeout(tmp_path):
         kind, msg = r["first"]
         assert kind == "DistBackendError", (rank, r)
         assert "did not finish within the group's timeout" in msg and "allreduce #" in msg, (rank, msg)
+        # What it waits on, and where the ranks' last collectives are.
+        assert "it waits on rank" in msg and "dumped to" in msg, (rank, msg)
         assert f"rank {rank}" in msg, (rank, msg)
         assert "unusable" in r["next"], (rank, r["next"])
         assert any(p.endswith(f".{rank}.json") for p in r["dumps"]), (rank, r["dumps"])

@@ -1,5 +1,6 @@
 #include "algorithm/device_setup.h"
 
+#include <algorithm>
 #include <set>
 
 #include "common/error.h"
@@ -19,6 +20,29 @@ std::vector<uint8_t> exportRecord(bool ok, const std::vector<uint8_t>& payload) 
 }
 
 } // namespace
+
+std::string deviceWaitsOn(DeviceMode mode, const topology::Topology& topo) {
+  const auto others = [&](std::vector<int> ranks) {
+    ranks.erase(std::remove(ranks.begin(), ranks.end(), topo.rank()), ranks.end());
+    return ranks;
+  };
+  const std::vector<int> node = others(topo.nodeRanks(topo.myNode()));
+  switch (mode) {
+    case DeviceMode::kNode:
+      return str("it waits on ", topology::rankList(node), " of its node (CUDA IPC): one of them has not reached ",
+                 "it, or has device work before it that does not end");
+    case DeviceMode::kRails: {
+      const std::string rail = str(topology::rankList(others(topo.railRanks(topo.myLocalRank()))),
+                                   " of its rail on other nodes (NCCL)");
+      return str("it waits on ", node.empty() ? rail : str(topology::rankList(node), " of its node (CUDA IPC) and ", rail),
+                 ": one of them has not reached it, has device work before it that does not end, or called another ",
+                 "collective or size (calls are not compared across nodes)");
+    }
+    case DeviceMode::kHostStaging:
+      return std::string();
+  }
+  return std::string();
+}
 
 const char* deviceModeName(DeviceMode mode) {
   switch (mode) {

@@ -43,6 +43,11 @@ enum class DeviceMode : uint8_t { kNode, kRails, kHostStaging };
 
 const char* deviceModeName(DeviceMode mode);
 
+// What a device collective of this rank waits on in `mode`, and why it
+// might never end, for the message of one that outlives the group's
+// timeout ("" for host staging, whose waits name their peers themselves).
+std::string deviceWaitsOn(DeviceMode mode, const topology::Topology& topo);
+
 struct DevicePlan {
   DeviceMode mode = DeviceMode::kHostStaging;
   // Every store key of the communicator begins with it.

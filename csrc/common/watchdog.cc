@@ -87,6 +87,10 @@ void Watchdog::loop() {
         done.push_back(e.id);
       } else if (e.item.deadline.expired()) {
         why = str(e.item.label, " did not finish within the group's timeout");
+        const std::string stuck = e.item.stuck ? e.item.stuck() : std::string();
+        if (!stuck.empty()) {
+          why += str("; ", stuck);
+        }
         break;
       }
     }

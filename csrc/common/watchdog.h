@@ -39,6 +39,9 @@ class Watchdog {
     std::function<bool()> done;
     // Called at most once, with the reason, if the work fails.
     std::function<void(const std::string& why)> fail;
+    // What the work waits on and what to look at, appended to the message
+    // of a timeout (may be null); asked only then.
+    std::function<std::string()> stuck;
   };
 
   // `probe` returns a non-empty reason when something failed on its own (may

@@ -65,6 +65,27 @@ std::string Topology::describe() const {
   return s;
 }
 
+std::string rankList(const std::vector<int>& ranks) {
+  // Past this many, a message keeps the first few and the last.
+  constexpr size_t kListed = 8;
+  constexpr size_t kHead = 6;
+  if (ranks.empty()) {
+    return "no rank";
+  }
+  if (ranks.size() == 1) {
+    return str("rank ", ranks[0]);
+  }
+  std::string s = "ranks ";
+  const bool cut = ranks.size() > kListed;
+  for (size_t i = 0; i < (cut ? kHead : ranks.size()); ++i) {
+    s += str(i ? ", " : "", ranks[i]);
+  }
+  if (cut) {
+    s += str(", ..., ", ranks.back(), " (", ranks.size(), " ranks)");
+  }
+  return s;
+}
+
 std::string hostIdentity() {
   char host[256] = {0};
   if (::gethostname(host, sizeof(host) - 1) != 0) {

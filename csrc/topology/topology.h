@@ -72,6 +72,10 @@ class Topology {
   bool uniform_ = true;
 };
 
+// "rank 3", "ranks 1, 2, 5", or for a long list its first ranks and its
+// last ("ranks 8, 16, ..., 1016 (127 ranks)"): for messages.
+std::string rankList(const std::vector<int>& ranks);
+
 // This host's identity: the hostname and the kernel's boot id, so that two
 // containers that share a hostname but not memory are told apart.
 std::string hostIdentity();

@@ -222,3 +222,19 @@ SMDDP_TEST(nodes_beyond_one_kernel_reduce_elsewhere) {
     EXPECT_EQ(setup.reduceOnDevice(), local <= algorithm::kMaxDeviceSources);
   }
 }
+
+SMDDP_TEST(a_stuck_device_collective_names_what_it_waits_on) {
+  // Node 1 of 2 x 2, local rank 1 (rank 3): its node's other rank and its rail.
+  const std::string rails = algorithm::deviceWaitsOn(DeviceMode::kRails, shape(3, 4, 2));
+  EXPECT_TRUE(rails.find("rank 2 of its node (CUDA IPC)") != std::string::npos);
+  EXPECT_TRUE(rails.find("rank 1 of its rail on other nodes (NCCL)") != std::string::npos);
+  EXPECT_TRUE(rails.find("not compared across nodes") != std::string::npos);
+  const std::string node = algorithm::deviceWaitsOn(DeviceMode::kNode, shape(0, 4, 1));
+  EXPECT_TRUE(node.find("ranks 1, 2, 3 of its node (CUDA IPC)") != std::string::npos);
+  EXPECT_TRUE(node.find("across nodes") == std::string::npos);
+  // One rank per node: the rail is the group.
+  const std::string flat = algorithm::deviceWaitsOn(DeviceMode::kRails, shape(1, 3, 3));
+  EXPECT_TRUE(flat.find("ranks 0, 2 of its rail on other nodes (NCCL)") != std::string::npos);
+  EXPECT_TRUE(flat.find("of its node") == std::string::npos);
+  EXPECT_EQ(algorithm::deviceWaitsOn(DeviceMode::kHostStaging, shape(0, 4, 2)), std::string());
+}

@@ -82,3 +82,15 @@ SMDDP_TEST(store_barrier_rounds_and_failures) {
     EXPECT_TRUE(std::chrono::steady_clock::now() - start >= std::chrono::milliseconds(250));
   });
 }
+
+SMDDP_TEST(rank_lists_for_messages) {
+  EXPECT_EQ(topology::rankList({}), std::string("no rank"));
+  EXPECT_EQ(topology::rankList({3}), std::string("rank 3"));
+  EXPECT_EQ(topology::rankList({1, 2, 5}), std::string("ranks 1, 2, 5"));
+  // Long lists keep their ends readable: the first ranks, then the last.
+  std::vector<int> many;
+  for (int r = 8; r < 1024; r += 8) {
+    many.push_back(r);
+  }
+  EXPECT_EQ(topology::rankList(many), std::string("ranks 8, 16, 24, 32, 40, 48, ..., 1016 (127 ranks)"));
+}

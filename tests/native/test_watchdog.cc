@@ -143,3 +143,26 @@ SMDDP_TEST(stop_returns_with_work_in_flight) {
   dog.reset();
   EXPECT_TRUE(std::chrono::steady_clock::now() - t0 < 500ms);
 }
+
+SMDDP_TEST(a_timeout_says_what_the_work_waits_on) {
+  std::string group_why;
+  std::mutex mu;
+  Watchdog dog(20ms, nullptr, [&](const std::string& why) {
+    std::lock_guard<std::mutex> lock(mu);
+    group_why = why;
+  });
+  Failures f;
+  std::atomic<int> asked{0};
+  dog.watch({"allgather #4 on cuda:0", Deadline::after(50ms), [] { return false; },
+             [&](const std::string& why) { f.item(why); },
+             [&] {
+               ++asked;
+               return std::string("it waits on rank 2 of its node");
+             }});
+  EXPECT_TRUE(waitFor([&] { return f.count() == 1; }, 3s));
+  std::lock_guard<std::mutex> lock(mu);
+  EXPECT_EQ(group_why, std::string("allgather #4 on cuda:0 did not finish within the group's timeout; it waits on "
+                                   "rank 2 of its node"));
+  // Asked only when it is needed, once.
+  EXPECT_EQ(asked.load(), 1);
+}

@@ -90,6 +90,7 @@ CudaCommunicator::CudaCommunicator(
               " (SMDDP_CUDA_RANKS_PER_GPU with SMDDP_CUDA_INTER_NODE=nccl)");
   }
   plan_ = setup.plan(store, *ipc_);
+  waits_on_ = std::make_shared<const std::string>(deviceWaitsOn(plan_.mode, topology));
   if (plan_.mode == DeviceMode::kHostStaging) {
     ipc_.reset();
     schedule_ = makeStagedSchedule(c);

@@ -87,6 +87,11 @@ class CudaCommunicator {
   // NCCL's asynchronous error on the rail, "" if none (from any thread).
   std::string asyncError();
   std::string describe() const;
+  // What its collectives wait on (deviceWaitsOn), for the message of one
+  // that outlives the group's timeout; made once.
+  const std::shared_ptr<const std::string>& waitsOn() const {
+    return waits_on_;
+  }
 
   // SMDDP_CUDA_ZERO_COPY: the allocator of `device` is about to free the
   // segment [base, base + size) of this process (from any thread, with the
@@ -120,6 +125,7 @@ class CudaCommunicator {
   uint64_t* sync_counter_ = nullptr;
   SyncWords* sync_words_ = nullptr;
   std::atomic<bool> aborted_{false};
+  std::shared_ptr<const std::string> waits_on_;
 };
 
 } // namespace smddp::algorithm::cuda

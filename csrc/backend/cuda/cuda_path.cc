@@ -128,6 +128,10 @@ struct CallState {
 
 CudaPath::CudaPath(const DevicePathArgs& args)
     : args_(args),
+      dump_advice_(std::make_shared<const std::string>(
+          args.config.debug_dump.empty()
+              ? std::string("SMDDP_DEBUG_DUMP=PREFIX dumps every rank's last collectives, to compare them")
+              : str("every rank's last collectives are dumped to ", args.config.debug_dump, ".<group>.<rank>.json"))),
       setup_(*args.topology, args.config),
       memory_(std::make_unique<TorchMemory>()),
       watchdog_(
@@ -273,6 +277,9 @@ DevicePath::Call CudaPath::prepare(
     Watchdog::Item item;
     item.label = str(collectiveName(kind), " #", seq, " on cuda:", device);
     item.deadline = deadline;
+    item.stuck = [waits = cc.waitsOn(), dump = self->dump_advice_] {
+      return waits->empty() ? *dump : str(*waits, "; ", *dump);
+    };
     item.done = [end, recorder, record] {
       if (!end->query()) {
         return false;

@@ -46,6 +46,9 @@ class CudaPath : public DevicePath {
   bool drain(const Deadline& deadline);
 
   DevicePathArgs args_;
+  // The end of a timed-out collective's message: where to compare the ranks'
+  // last collectives (SMDDP_DEBUG_DUMP).
+  std::shared_ptr<const std::string> dump_advice_;
   algorithm::DeviceSetup setup_;
   std::unique_ptr<algorithm::cuda::DeviceMemory> memory_;
   mutable std::mutex mu_;
