@@ -640,3 +640,26 @@ def test_config_check_names_the_variable(monkeypatch) -> None:
         smddp.config.check()
     monkeypatch.setenv("SMDDP_ALGO", "ring")
     smddp.config.check()
+
+
+def case_mismatch_under_torch_debug() -> str:
+    """Ranks calling all_reduce on different shapes, with torch's own check on."""
+    backend = type(dist.group.WORLD._get_backend(torch.device("cpu"))).__name__
+    try:
+        dist.all_reduce(torch.ones(4 + dist.get_rank()))
+        return f"{backend}: no error"
+    except Exception as e:  # noqa: BLE001
+        return f"{backend}: {e}"
+
+
+@pytest.mark.timeout(120, func_only=True)
+def test_torch_debug_detail_compares_calls_across_ranks() -> None:
+    """TORCH_DISTRIBUTED_DEBUG=DETAIL, which a timed-out CUDA rails collective
+    points to (the rails compare calls inside a node, not across nodes),
+    wraps smddp's groups and names a mismatch before the collective runs."""
+    pool = RankPool(2, env={"TORCH_DISTRIBUTED_DEBUG": "DETAIL"})
+    try:
+        for text in pool.run(case_mismatch_under_torch_debug, timeout=90):
+            assert text.startswith("_ProcessGroupWrapper: ") and "Detected mismatch between collectives" in text, text
+    finally:
+        pool.close()

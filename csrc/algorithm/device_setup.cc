@@ -36,7 +36,8 @@ std::string deviceWaitsOn(DeviceMode mode, const topology::Topology& topo) {
                                    " of its rail on other nodes (NCCL)");
       return str("it waits on ", node.empty() ? rail : str(topology::rankList(node), " of its node (CUDA IPC) and ", rail),
                  ": one of them has not reached it, has device work before it that does not end, or called another ",
-                 "collective or size (calls are not compared across nodes)");
+                 "collective or size (calls are not compared across nodes; TORCH_DISTRIBUTED_DEBUG=DETAIL has torch ",
+                 "compare them on every rank before each one runs)");
     }
     case DeviceMode::kHostStaging:
       return std::string();
