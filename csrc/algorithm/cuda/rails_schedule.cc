@@ -30,6 +30,7 @@
 //                   output, all-reduces it over the rail in place, then
 //                   copies every peer's slice from the peer's output
 #include <algorithm>
+#include <optional>
 
 #include "algorithm/cuda/device_reduce.h"
 #include "algorithm/cuda/schedules.h"
@@ -150,11 +151,13 @@ class RailsSchedule : public Schedule {
     const size_t cb = std::max<size_t>(1, ctx_.ipc->stagingBytes() / static_cast<size_t>(N));
     const size_t chunks = chunkCount(b, cb);
     const bool pipelined = ctx_.config.cuda_pipeline;
+    std::optional<StreamJoin> join;
     if (pipelined) {
-      reserveEvents(chunks + 1);
+      reserveEvents(chunks + 2);
       // The rail stream starts after what the caller enqueued before the call.
       cudaCheck(cudaEventRecord(chunk_events_[0], s), "cudaEventRecord");
       cudaCheck(cudaStreamWaitEvent(railStream(), chunk_events_[0], 0), "cudaStreamWaitEvent");
+      join.emplace(s, railStream(), chunk_events_[chunks + 1]);
     }
     copyAsync(out + static_cast<size_t>(ctx_.topo.rank()) * b, in, b, s);
     // Rails: every member's block straight to its place in the output.
@@ -236,8 +239,10 @@ class RailsSchedule : public Schedule {
     // member's block side by side), each chunk reduce-scattered over the rail
     // on the rail's stream as soon as the node has reduced it.
     const bool pipelined = ctx_.config.cuda_pipeline;
+    std::optional<StreamJoin> join;
     if (pipelined) {
       reserveEvents(chunks + 1);
+      join.emplace(s, railStream(), chunk_events_[chunks]);
     }
     for (size_t c = 0; c < chunks; ++c) {
       const size_t off = c * ce;
@@ -272,8 +277,7 @@ class RailsSchedule : public Schedule {
       }
     }
     if (pipelined) {
-      cudaCheck(cudaEventRecord(chunk_events_[chunks], railStream()), "cudaEventRecord");
-      cudaCheck(cudaStreamWaitEvent(s, chunk_events_[chunks], 0), "cudaStreamWaitEvent");
+      join->join();
     } else {
       // Rail: reduce-scatter of the partials (member m's block is m's output).
       ctx_.rail->run("the rail ReduceScatter", args.deadline, [&](ncclComm_t comm) {
@@ -329,12 +333,13 @@ class RailsSchedule : public Schedule {
     rail.slot_bytes = (slicedAllReduceSliceBytes(ctx_, args) + 255) / 256 * 256;
     rail.slots = partials_.reserve((pipelined ? 2 : slicedAllReduceChunks(ctx_, args)) * rail.slot_bytes, s);
     if (pipelined) {
-      reserveEvents(4);
+      reserveEvents(5);
       rail.stream = railStream();
       rail.reduced[0] = chunk_events_[0];
       rail.reduced[1] = chunk_events_[1];
       rail.railed[0] = chunk_events_[2];
       rail.railed[1] = chunk_events_[3];
+      rail.joined = chunk_events_[4];
     }
     rail.run = railAllReduce;
     slicedAllReduce(ctx_, args, s, reduceSlice, how, &rail);

@@ -96,6 +96,31 @@ void copyRows(
     size_t rows,
     cudaStream_t s);
 
+// Work forked from a collective's stream `main` to `side` (the rail's
+// stream of SMDDP_CUDA_PIPELINE) joins `main` by join(), or at the latest
+// when this goes out of scope, also when an error ends the collective early:
+// `main` never ends a call with forked work left unjoined, which would keep
+// a capture from ending. A join on the way out of an error ignores its own
+// errors: the error under way is the one to raise.
+class StreamJoin {
+ public:
+  StreamJoin(cudaStream_t main, cudaStream_t side, cudaEvent_t event) : main_(main), side_(side), event_(event) {}
+  StreamJoin(const StreamJoin&) = delete;
+  StreamJoin& operator=(const StreamJoin&) = delete;
+  ~StreamJoin() {
+    if (!joined_ && cudaEventRecord(event_, side_) == cudaSuccess) {
+      cudaStreamWaitEvent(main_, event_, 0);
+    }
+  }
+  void join();
+
+ private:
+  cudaStream_t main_;
+  cudaStream_t side_;
+  cudaEvent_t event_;
+  bool joined_ = false;
+};
+
 // Starts a call: its descriptor for the node's peers.
 void openDeviceCall(DeviceContext& ctx, const OpArgs& args);
 
@@ -184,7 +209,7 @@ void mappedAllReduce(
 // `slots`: `steps` kWhole, slot c of `chunks` (one rail step over them all,
 // on the collective's stream); kPerChunk (SMDDP_CUDA_PIPELINE), slot c % 2
 // of two, its rail step on `stream`, `reduced[k]` and `railed[k]` marking the
-// end of slot k's reduction and rail step.
+// end of slot k's reduction and rail step, `joined` for the StreamJoin.
 struct SliceRail {
   RailSteps steps = RailSteps::kWhole;
   cudaStream_t stream = nullptr;
@@ -192,6 +217,7 @@ struct SliceRail {
   size_t slot_bytes = 0;
   cudaEvent_t reduced[2] = {};
   cudaEvent_t railed[2] = {};
+  cudaEvent_t joined = nullptr;
   std::function<void(uint8_t* slices, size_t count, cudaStream_t stream)> run;
 };
 

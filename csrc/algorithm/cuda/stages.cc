@@ -1,5 +1,6 @@
 #include <algorithm>
 #include <cstring>
+#include <optional>
 
 #include "algorithm/cuda/schedules.h"
 #include "algorithm/device_plan.h"
@@ -72,6 +73,12 @@ void copyRows(
   for (size_t r = 0; r < rows; ++r) {
     copyAsync(d + r * dpitch, p + r * spitch, width, s);
   }
+}
+
+void StreamJoin::join() {
+  cudaCheck(cudaEventRecord(event_, side_), "cudaEventRecord");
+  cudaCheck(cudaStreamWaitEvent(main_, event_, 0), "cudaStreamWaitEvent");
+  joined_ = true;
 }
 
 void openDeviceCall(DeviceContext& ctx, const OpArgs& args) {
@@ -191,6 +198,10 @@ void slicedAllReduce(
   const RailSteps steps = rail != nullptr ? rail->steps : RailSteps::kNone;
   const bool two_streams = steps == RailSteps::kPerChunk;
   auto slot = [&](size_t c) { return rail->slots + (two_streams ? c % 2 : c) * rail->slot_bytes; };
+  std::optional<StreamJoin> join;
+  if (two_streams) {
+    join.emplace(s, rail->stream, rail->joined);
+  }
   std::vector<const void*> srcs(static_cast<size_t>(L));
   for (const PlannedStep& step : slicedAllReducePlan(chunks, steps)) {
     const size_t c = step.first;
