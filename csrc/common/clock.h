@@ -35,6 +35,10 @@ class Deadline {
   Clock::time_point at() const {
     return at_;
   }
+  // The same deadline `extra` later (an unbounded one stays unbounded).
+  Deadline later(std::chrono::milliseconds extra) const {
+    return at_ == Clock::time_point::max() ? *this : Deadline(at_ + extra);
+  }
 
  private:
   Clock::time_point at_;

@@ -271,43 +271,28 @@ void NodeArena::waitCounter(
     const Deadline& deadline) {
   RankControl& peer = controls_[l];
   std::atomic<uint32_t>& value = peer.*counter;
-  auto done = [&] {
-    return reached(value.load(std::memory_order_acquire), target) ||
-        header_->aborted.load(std::memory_order_relaxed) != 0;
-  };
-  auto check = [&] {
-    checkAborted();
-    // A peer that reached the target and then exited is no failure: look
-    // at the counter again once the exit is seen.
-    if (peerExited(l) && !reached(value.load(std::memory_order_acquire), target)) {
-      checkAlive(l);
-    }
-  };
-  auto what = [&] { return describePeer(l); };
-  try {
-    waitUntil(peer.bell, done, options_.wait, deadline, check, what);
-  } catch (const Error& timeout) {
-    if (timeout.kind() != ErrorKind::kTimeout) {
-      throw;
-    }
-    // The awaited peer is usually in the same call, stuck on something of
-    // its own (a cut link, a rank of another node) with a deadline a moment
-    // later than ours. Its abort names that cause, which is what the user
-    // needs; our timeout would name only the peer. So it gets a short grace
-    // to post it, and our timeout stands if it does not.
-    bool late = false;
-    try {
-      waitUntil(peer.bell, done, options_.wait, Deadline::after(kPeerCauseGrace), check, what);
-    } catch (const Error& again) {
-      if (again.kind() != ErrorKind::kTimeout) {
-        throw;
-      }
-      late = true;
-    }
-    if (late) {
-      throw;
-    }
-  }
+  // The awaited peer is usually in the same call, stuck on something of its
+  // own (a cut link, a rank of another node) with a deadline a moment later
+  // than ours. Its abort names that cause, which is what the user needs; our
+  // timeout would name only the peer. So the wait lasts a short grace past
+  // the deadline, in which the peer may post it.
+  waitUntil(
+      peer.bell,
+      [&] {
+        return reached(value.load(std::memory_order_acquire), target) ||
+            header_->aborted.load(std::memory_order_relaxed) != 0;
+      },
+      options_.wait,
+      deadline.later(kPeerCauseGrace),
+      [&] {
+        checkAborted();
+        // A peer that reached the target and then exited is no failure: look
+        // at the counter again once the exit is seen.
+        if (peerExited(l) && !reached(value.load(std::memory_order_acquire), target)) {
+          checkAlive(l);
+        }
+      },
+      [&] { return describePeer(l); });
   checkAborted();
 }
 
