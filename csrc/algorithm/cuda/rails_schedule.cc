@@ -143,7 +143,8 @@ class RailsSchedule : public Schedule {
       mappedStep(ctx_, args, s, false, [&] {
         for (int k = 1; k < L; ++k) {
           const int l = (me + k) % L;
-          copySameBlocks(out, call.out[static_cast<size_t>(l)], railOffsets(l, b), b, s);
+          const std::vector<size_t> at = railOffsets(l, b);
+          copyBlocks(out, at, call.out[static_cast<size_t>(l)], at, b, s);
         }
       });
       return;
@@ -179,12 +180,12 @@ class RailsSchedule : public Schedule {
           ctx_, args, s, c == 0 && how == Opened::kStaged,
           [&] {
             // My rail's N blocks, one strided copy where they lie evenly.
-            copyBlocks(out + off, railOffsets(me, b), ctx_.ipc->staging(me), cb, len, /*to_stage=*/true, s);
+            copyBlocks(ctx_.ipc->staging(me), slots(N, cb), out + off, railOffsets(me, b), len, s);
           },
           [&] {
             for (int k = 1; k < L; ++k) {
               const int l = (me + k) % L;
-              copyBlocks(out + off, railOffsets(l, b), ctx_.ipc->staging(l), cb, len, /*to_stage=*/false, s);
+              copyBlocks(out + off, railOffsets(l, b), ctx_.ipc->staging(l), slots(N, cb), len, s);
             }
           });
     }
@@ -369,24 +370,6 @@ class RailsSchedule : public Schedule {
   }
 
  private:
-  // `len` bytes at each of `offsets` from `src` to the same offsets in
-  // `dst`: one strided copy where they lie evenly, else one copy each.
-  void copySameBlocks(uint8_t* dst, const uint8_t* src, const std::vector<size_t>& offsets, size_t len,
-                      cudaStream_t s) {
-    size_t stride = 0;
-    if (evenlySpaced(offsets, &stride)) {
-      copyRows(ctx_, dst + offsets[0], stride, src + offsets[0], stride, len, offsets.size(), s);
-      return;
-    }
-    std::vector<void*> dsts;
-    std::vector<const void*> srcs;
-    for (size_t off : offsets) {
-      dsts.push_back(dst + off);
-      srcs.push_back(src + off);
-    }
-    copyBatch(ctx_, dsts, srcs, std::vector<size_t>(offsets.size(), len), s);
-  }
-
   // Bytes [off, off + len) of this rank's block to every rail member, and of
   // theirs into their places in the output, on `st`: one group of send/recv
   // straight into the output, or (SMDDP_CUDA_RAIL_ALLGATHER=nccl)
@@ -477,28 +460,33 @@ class RailsSchedule : public Schedule {
     return out;
   }
 
-  // `len` bytes of each block between `base` + offsets[m] and slot m of a
-  // stage (slots `slot` bytes apart): one strided copy where the blocks lie
-  // evenly (contiguous node ranks), else a batch of one copy per block.
-  void copyBlocks(uint8_t* base, const std::vector<size_t>& offsets, uint8_t* stage, size_t slot, size_t len,
-                  bool to_stage, cudaStream_t s) {
-    size_t stride = 0;
-    const size_t n = offsets.size();
-    if (evenlySpaced(offsets, &stride)) {
-      if (to_stage) {
-        copyRows(ctx_, stage, slot, base + offsets[0], stride, len, n, s);
-      } else {
-        copyRows(ctx_, base + offsets[0], stride, stage, slot, len, n, s);
-      }
+  // Offsets 0, slot, 2 * slot, ...: the slots of a stage.
+  static std::vector<size_t> slots(int n, size_t slot) {
+    std::vector<size_t> out;
+    for (int m = 0; m < n; ++m) {
+      out.push_back(static_cast<size_t>(m) * slot);
+    }
+    return out;
+  }
+
+  // `len` bytes from src + src_at[m] to dst + dst_at[m] for every m: one
+  // strided copy where both lie evenly (contiguous node ranks; a stage's
+  // slots always do), else a batch of one copy per block.
+  void copyBlocks(uint8_t* dst, const std::vector<size_t>& dst_at, const uint8_t* src,
+                  const std::vector<size_t>& src_at, size_t len, cudaStream_t s) {
+    size_t dpitch = 0;
+    size_t spitch = 0;
+    if (evenlySpaced(dst_at, &dpitch) && evenlySpaced(src_at, &spitch)) {
+      copyRows(ctx_, dst + dst_at[0], dpitch, src + src_at[0], spitch, len, dst_at.size(), s);
       return;
     }
     std::vector<void*> dsts;
     std::vector<const void*> srcs;
-    for (size_t m = 0; m < n; ++m) {
-      dsts.push_back(to_stage ? static_cast<void*>(stage + m * slot) : static_cast<void*>(base + offsets[m]));
-      srcs.push_back(to_stage ? static_cast<const void*>(base + offsets[m]) : static_cast<const void*>(stage + m * slot));
+    for (size_t m = 0; m < dst_at.size(); ++m) {
+      dsts.push_back(dst + dst_at[m]);
+      srcs.push_back(src + src_at[m]);
     }
-    copyBatch(ctx_, dsts, srcs, std::vector<size_t>(n, len), s);
+    copyBatch(ctx_, dsts, srcs, std::vector<size_t>(dst_at.size(), len), s);
   }
 
   DeviceContext& ctx_;
