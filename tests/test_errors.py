@@ -32,7 +32,7 @@ from typing import Any
 import pytest
 import torch
 import torch.distributed as dist
-from dist_harness import RankPool, assert_no_failures
+from dist_harness import RankPool, assert_no_failures, spawn_ranks
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(HERE)
@@ -657,9 +657,5 @@ def test_torch_debug_detail_compares_calls_across_ranks() -> None:
     """TORCH_DISTRIBUTED_DEBUG=DETAIL, which a timed-out CUDA rails collective
     points to (the rails compare calls inside a node, not across nodes),
     wraps smddp's groups and names a mismatch before the collective runs."""
-    pool = RankPool(2, env={"TORCH_DISTRIBUTED_DEBUG": "DETAIL"})
-    try:
-        for text in pool.run(case_mismatch_under_torch_debug, timeout=90):
-            assert text.startswith("_ProcessGroupWrapper: ") and "Detected mismatch between collectives" in text, text
-    finally:
-        pool.close()
+    for text in spawn_ranks(case_mismatch_under_torch_debug, 2, env={"TORCH_DISTRIBUTED_DEBUG": "DETAIL"}, timeout=90):
+        assert text.startswith("_ProcessGroupWrapper: ") and "Detected mismatch between collectives" in text, text
