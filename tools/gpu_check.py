@@ -714,12 +714,14 @@ def step_tests(check: "Check", run: StepRun):
                 running.append((node, child, junit))
             for item in list(running):
                 node, child, junit = item
-                out = child if isinstance(child, Outcome) else child.poll()
-                if out is not None:
-                    running.remove(item)
-                    status, reason, _, secs = verdict(out if isinstance(child, Outcome) else run.ended(child), junit)
-                    run.sub(_short(node), status, secs, reason)
-                    counts[status] += 1
+                if isinstance(child, Child):
+                    if child.poll() is None:
+                        continue
+                    child = run.ended(child)
+                running.remove(item)
+                status, reason, _, secs = verdict(child, junit)
+                run.sub(_short(node), status, secs, reason)
+                counts[status] += 1
             time.sleep(0.1)
     except BaseException:
         for _, child, _ in running:
