@@ -132,7 +132,9 @@ struct RingOrder {
 // The progress units of a pipelined hierarchical stage, the same on every
 // rank of a node (they share the node's index on their rails): first the
 // `chunks` chunks of the rank's own rail block, then the chunks its rail's
-// AllGather lands, in the order they land.
+// AllGather lands, in the order they land. (Where the own block is the
+// rank's input, as in AllGather, it is announced whole when the call opens
+// and read from the input.)
 struct ProgressUnits {
   RingOrder rail;
   size_t chunks;

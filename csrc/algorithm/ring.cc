@@ -29,10 +29,18 @@ void ringAllGather(
     const std::vector<size_t>& sizes,
     const MessageTag& tag,
     const Deadline& deadline,
-    const std::function<void(uint64_t unit)>& on_landed) {
+    const std::function<void(uint64_t unit)>& on_landed,
+    const uint8_t* own) {
   const int n = ring.size;
   const int r = ring.index;
+  uint8_t* my_block = out == nullptr ? nullptr : out + offsets[r];
+  if (own == my_block) {
+    own = nullptr;
+  }
   if (n == 1) {
+    if (own != nullptr) {
+      copyBytes(my_block, own, sizes[r]);
+    }
     return;
   }
   const size_t chunk = ring.chunk_bytes;
@@ -49,12 +57,22 @@ void ringAllGather(
       prev->postRecv(out + offsets[m] + c * chunk, chunkLen(sizes[m], chunk, c), tag);
     }
   }
+  const uint8_t* send_from = own != nullptr ? own : my_block;
   for (size_t c = 0; c < C; ++c) {
-    next->postSend(out + offsets[r] + c * chunk, chunkLen(sizes[r], chunk, c), tag);
+    next->postSend(send_from + c * chunk, chunkLen(sizes[r], chunk, c), tag);
   }
+  // My block into place, a chunk per turn of the loop, so that the channels
+  // push what is posted between the pieces.
+  size_t copied = own != nullptr ? 0 : sizes[r];
   uint64_t landed = 0;
   auto step = [&] {
     bool moved = false;
+    if (copied < sizes[r]) {
+      const size_t len = std::min(chunk, sizes[r] - copied);
+      copyBytes(my_block + copied, own + copied, len);
+      copied += len;
+      moved = true;
+    }
     const uint64_t got = prev->recvsDone() - rbase;
     while (landed < got) {
       const uint64_t u = landed++;
@@ -72,7 +90,7 @@ void ringAllGather(
     return moved;
   };
   // Done when every arrival has been handled by step() (not merely arrived).
-  auto done = [&] { return landed == total && next->sendsDone() - sbase == total; };
+  auto done = [&] { return landed == total && copied == sizes[r] && next->sendsDone() - sbase == total; };
   transport::drive(channelsOf(ring), step, done, deadline, ring.drive);
 }
 

@@ -54,8 +54,11 @@ struct Ring {
   transport::DriveOptions drive;
 };
 
-// AllGather; member i's block of sizes[i] bytes is at out + offsets[i] (my
-// own must already be there); `tag` is the call's (protocol::tagOf).
+// AllGather; member i's block of sizes[i] bytes is at out + offsets[i];
+// `tag` is the call's (protocol::tagOf). My own block is sent from `own`
+// when given, and copied to its place in `out` while the first messages
+// are on the wire (a copy before the ring would delay its first byte by
+// the copy's time); otherwise it must already be in `out`.
 // on_landed(u) is called as chunks arrive, in order: unit u is
 // protocol::RingOrder::landed(u, chunks).
 void ringAllGather(
@@ -65,7 +68,8 @@ void ringAllGather(
     const std::vector<size_t>& sizes,
     const transport::MessageTag& tag,
     const Deadline& deadline,
-    const std::function<void(uint64_t unit)>& on_landed = nullptr);
+    const std::function<void(uint64_t unit)>& on_landed = nullptr,
+    const uint8_t* own = nullptr);
 
 // Where a member's contribution to each block is, and whether a chunk of it
 // is ready yet (the hierarchical schedule produces contributions while the

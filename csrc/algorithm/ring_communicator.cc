@@ -85,14 +85,13 @@ void RingCommunicator::allGather(const OpArgs& args) {
   const size_t b = args.count * args.elemSize();
   const int n = topo_.size();
   auto* out = static_cast<uint8_t*>(args.out);
-  copyBytes(out + static_cast<size_t>(topo_.rank()) * b, args.in, b);
   std::vector<size_t> offsets(static_cast<size_t>(n));
   for (int i = 0; i < n; ++i) {
     offsets[i] = static_cast<size_t>(i) * b;
   }
   ringAllGather(
       ringFor(args), out, offsets, std::vector<size_t>(static_cast<size_t>(n), b),
-      protocol::tagOf(args), args.deadline);
+      protocol::tagOf(args), args.deadline, nullptr, static_cast<const uint8_t*>(args.in));
 }
 
 void RingCommunicator::reduceScatter(const OpArgs& args) {

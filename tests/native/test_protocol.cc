@@ -256,6 +256,17 @@ SMDDP_TEST(ring_schedules_move_blocks_in_ring_order) {
       }
     }
 
+    // The same AllGather with my block sent from a separate input: the ring
+    // also puts it in its place in the output (which starts without it).
+    std::vector<uint8_t> mine(b), gathered(kN * b, 0);
+    for (size_t i = 0; i < b; ++i) {
+      mine[i] = pattern(rank, i);
+    }
+    algorithm::ringAllGather(ring, gathered.data(), offsets, sizes,
+                             algorithm::protocol::tagOf(call(CollectiveKind::kAllGather, b, 1)), dl, nullptr,
+                             mine.data());
+    EXPECT_TRUE(gathered == out);
+
     // ReduceScatter of 50 floats per block: the order in which the ring
     // first asks for each block's contribution.
     const size_t count = 50;
@@ -276,7 +287,7 @@ SMDDP_TEST(ring_schedules_move_blocks_in_ring_order) {
     algorithm::ringReduceScatter(ring, {DataType::kFloat32, ReduceOp::kSum}, contrib, res.data(),
                                  std::vector<size_t>(kN, count), algorithm::Sources::kInputs,
                                  algorithm::Result::kFinal,
-                                 algorithm::protocol::tagOf(call(CollectiveKind::kReduceScatter, count, 1)), dl,
+                                 algorithm::protocol::tagOf(call(CollectiveKind::kReduceScatter, count, 2)), dl,
                                  &scratch);
     EXPECT_EQ(asked.size(), static_cast<size_t>(kN));
     for (size_t j = 0; j < asked.size(); ++j) {

@@ -41,17 +41,14 @@ void allGatherPipelined(Stages& s, const OpArgs& args) {
   const uint32_t base = s.startCall(args, Path::kSingleCopy);
 
   // Units, in the order every rank announces them: its own block's chunks,
+  // which the peers read from its input (so they are announced at once, and
+  // the rail sends them from there too, while it copies them into place),
   // then the rail's chunks as they land.
+  arena.postProgress(protocol::progressAfter(base, C));
   auto rail_stage = [&] {
-    uint8_t* my_block = out + static_cast<size_t>(topo.rank()) * b;
-    for (size_t c = 0; c < C; ++c) {
-      if (my_block != in) {
-        copyBytes(my_block + c * chunk, in + c * chunk, chunkLen(b, chunk, c));
-      }
-      arena.postProgress(protocol::progressAfter(base, c + 1));
-    }
-    s.railAllGather(args, RailOn::kStageThread,
-                    [&](uint64_t u) { arena.postProgress(protocol::progressAfter(base, C + u + 1)); });
+    s.railAllGather(
+        args, RailOn::kStageThread,
+        [&](uint64_t u) { arena.postProgress(protocol::progressAfter(base, C + u + 1)); }, in);
   };
 
   auto node_stage = [&] {
@@ -63,7 +60,8 @@ void allGatherPipelined(Stages& s, const OpArgs& args) {
         const protocol::CallDesc& d = protocol::peerCall(arena, peer, args.seq);
         arena.waitProgress(peer, protocol::progressAfter(d.progress_base, u + 1), args.deadline);
         const size_t off = static_cast<size_t>(topo.nodeRanks(unit.block)[peer]) * b + unit.chunk * chunk;
-        arena.readFrom(peer, out + off, d.out_addr + off, len);
+        const uint64_t src = u < C ? d.in_addr + unit.chunk * chunk : d.out_addr + off;
+        arena.readFrom(peer, out + off, src, len);
       }
     }
   };
@@ -127,10 +125,7 @@ void allGatherSequential(Stages& s, const OpArgs& args) {
     s.node().round(args.deadline);
     return;
   }
-  if (my_block != args.in) {
-    copyBytes(my_block, args.in, b);
-  }
-  s.runRail([&] { s.railAllGather(args, RailOn::kCaller); });
+  s.runRail([&] { s.railAllGather(args, RailOn::kCaller, nullptr, static_cast<const uint8_t*>(args.in)); });
   // Staged: each rank's rail blocks, packed, through its slot.
   const size_t slot = arena.slotBytes();
   const size_t rounds = chunkCount(total, slot);
@@ -163,9 +158,7 @@ void allGather(Stages& s, const OpArgs& args) {
   }
   const size_t b = args.count * args.elemSize();
   if (topo.localSize() == 1) {
-    auto* out = static_cast<uint8_t*>(args.out);
-    copyBytes(out + static_cast<size_t>(topo.rank()) * b, args.in, b);
-    s.railAllGather(args, RailOn::kCaller);
+    s.railAllGather(args, RailOn::kCaller, nullptr, static_cast<const uint8_t*>(args.in));
     return;
   }
   if (s.sequential(b)) {

@@ -85,14 +85,18 @@ std::vector<size_t> Stages::railOffsets(size_t b) const {
   return offsets;
 }
 
-void Stages::railAllGather(const OpArgs& args, RailOn on, const std::function<void(uint64_t unit)>& on_landed) {
+void Stages::railAllGather(
+    const OpArgs& args,
+    RailOn on,
+    const std::function<void(uint64_t unit)>& on_landed,
+    const uint8_t* own) {
   const size_t b = args.count * args.elemSize();
   Ring ring = railRing(args, on);
   ring.chunk_bytes = railChunk(b, 1);
   ringAllGather(
       ring, static_cast<uint8_t*>(args.out), railOffsets(b),
       std::vector<size_t>(static_cast<size_t>(topo_.numNodes()), b), protocol::tagOf(args), args.deadline,
-      on_landed);
+      on_landed, own);
 }
 
 void Stages::railReduceScatter(const OpArgs& args, const Contributions& contrib, Sources sources, RailOn on) {

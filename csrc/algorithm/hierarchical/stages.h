@@ -99,11 +99,13 @@ class Stages {
   size_t railChunk(size_t b, size_t es) const;
   // Byte offsets of my rail's blocks (of `b` bytes) in a rank-major buffer.
   std::vector<size_t> railOffsets(size_t b) const;
-  // AllGather of my rail's blocks in args.out (mine already there).
+  // AllGather of my rail's blocks in args.out: mine already there, or sent
+  // from `own` and copied into place as the rail runs (ringAllGather).
   void railAllGather(
       const OpArgs& args,
       RailOn on,
-      const std::function<void(uint64_t unit)>& on_landed = nullptr);
+      const std::function<void(uint64_t unit)>& on_landed = nullptr,
+      const uint8_t* own = nullptr);
   // ReduceScatter of `contrib` (block m: node m's) into args.out, final.
   void railReduceScatter(const OpArgs& args, const Contributions& contrib, Sources sources, RailOn on);
   // AllReduce of `count` elements over my rail, final, on this thread.
