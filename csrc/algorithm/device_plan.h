@@ -45,6 +45,30 @@ inline AlignedSplit alignedSplit(const uintptr_t* addrs, int n, size_t count, si
   return s;
 }
 
+// The split of a reduction over `nseg` segments in one launch (the rails'
+// ReduceScatter reduces every rail member's block of a chunk at once):
+// segment s writes dst + s * dst_stride and reads srcs[k] + src_offset[s] for
+// every source k. Segment 0 decides the split (every address it touches);
+// the others share it only if each keeps segment 0's alignment, else
+// everything is head.
+inline AlignedSplit segmentsSplit(uintptr_t dst, const uintptr_t* srcs, int nsrc, const size_t* src_offset, int nseg,
+                                  size_t dst_stride, size_t count, size_t elem_size) {
+  constexpr int kMaxAddrs = 64;
+  uintptr_t addrs[kMaxAddrs];
+  int n = 0;
+  addrs[n++] = dst;
+  for (int k = 0; k < nsrc && n < kMaxAddrs; ++k) {
+    addrs[n++] = srcs[k] + src_offset[0];
+  }
+  AlignedSplit split = alignedSplit(addrs, n, count, elem_size);
+  for (int seg = 1; seg < nseg && split.vectors > 0; ++seg) {
+    if (src_offset[seg] % 16 != src_offset[0] % 16 || (static_cast<size_t>(seg) * dst_stride) % 16 != 0) {
+      split = AlignedSplit{count, 0, 0, split.elemsPerVector};
+    }
+  }
+  return split;
+}
+
 // Slice i of `count` elements cut into `parts`: every boundary but the end is
 // a multiple of `align` elements (a slice may be empty), the sizes as even as
 // that allows, the same on every rank.

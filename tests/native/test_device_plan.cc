@@ -1,5 +1,5 @@
 // The CUDA schedules' arithmetic that needs no GPU (algorithm/device_plan.h):
-// the head/vector/tail split of a reduction, 16-byte aligned AllReduce
+// the head/vector/tail split of a reduction (of several segments too), 16-byte aligned AllReduce
 // slices, evenly spaced blocks, the order of a sliced AllReduce's steps on
 // two streams, and what a scratch buffer frees when CUDA graphs hold it.
 #include <memory>
@@ -15,6 +15,7 @@ using algorithm::AlignedSlices;
 using algorithm::AlignedSplit;
 using algorithm::alignedSplit;
 using algorithm::evenlySpaced;
+using algorithm::segmentsSplit;
 using algorithm::SliceStep;
 using algorithm::slicedAllReducePlan;
 
@@ -44,6 +45,50 @@ SMDDP_TEST(unalike_misalignment_is_all_head) {
   // An element size that cannot reach alignment: all head too.
   uintptr_t odd[1] = {4097};
   EXPECT_EQ(alignedSplit(odd, 1, 50, 2).head, size_t{50});
+}
+
+SMDDP_TEST(segments_vectorize_only_where_every_address_aligns) {
+  // Every combination of small misalignments: where the split vectorizes,
+  // every segment's every address is aligned after the head.
+  const uintptr_t base[2] = {1 << 20, 1 << 21};
+  size_t vectorized = 0;
+  for (size_t es : {size_t{2}, size_t{4}}) {
+    for (uintptr_t dmis = 0; dmis < 16; dmis += es) {
+      for (uintptr_t smis = 0; smis < 16; smis += es) {
+        for (size_t off0 : {size_t{0}, size_t{8}, size_t{4096}, size_t{4100}}) {
+          for (size_t off1 : {size_t{0}, size_t{8}, size_t{8192}, size_t{8196}}) {
+            for (size_t stride : {size_t{1024}, size_t{1032}, size_t{4098}}) {
+              const uintptr_t srcs[2] = {base[0] + smis, base[1] + smis};
+              const size_t offsets[2] = {off0, off1};
+              const uintptr_t dst = (3 << 20) + dmis;
+              const size_t count = 1000;
+              const AlignedSplit s = segmentsSplit(dst, srcs, 2, offsets, 2, stride, count, es);
+              EXPECT_EQ(s.head + s.vectors * s.elemsPerVector + s.tail, count);
+              if (s.vectors == 0) {
+                continue;
+              }
+              ++vectorized;
+              for (size_t seg = 0; seg < 2; ++seg) {
+                EXPECT_EQ((dst + seg * stride + s.head * es) % 16, uintptr_t{0});
+                for (uintptr_t src : srcs) {
+                  EXPECT_EQ((src + offsets[seg] + s.head * es) % 16, uintptr_t{0});
+                }
+              }
+            }
+          }
+        }
+      }
+    }
+  }
+  // Not a split that never vectorizes.
+  EXPECT_TRUE(vectorized > 0);
+  // Segment 0 off by 8 bytes where segment 1 and the stride are aligned (the
+  // rails' ReduceScatter with an odd number of local ranks): scalar.
+  const uintptr_t srcs[2] = {1 << 20, 1 << 21};
+  const size_t offsets[2] = {8, 32};
+  EXPECT_EQ(segmentsSplit(1 << 22, srcs, 2, offsets, 2, 4096, 1000, 4).vectors, size_t{0});
+  const size_t aligned[2] = {16, 32};
+  EXPECT_TRUE(segmentsSplit(1 << 22, srcs, 2, aligned, 2, 4096, 1000, 4).vectors > 0);
 }
 
 SMDDP_TEST(aligned_slices_partition_and_align) {

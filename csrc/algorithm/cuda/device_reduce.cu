@@ -177,19 +177,12 @@ int blocksFor(size_t items, int max_blocks, int threads = kThreads) {
 
 template <typename T, Combine kC>
 void launchTyped(const Segments& g, size_t count, int max_blocks, cudaStream_t stream) {
-  // The split of segment 0; the other segments vectorize alike only if every
-  // offset keeps the alignment.
-  uintptr_t addrs[kMaxDeviceSources + 1];
-  addrs[0] = reinterpret_cast<uintptr_t>(g.dst);
+  uintptr_t srcs[kMaxDeviceSources];
   for (int k = 0; k < g.nsrc; ++k) {
-    addrs[k + 1] = reinterpret_cast<uintptr_t>(g.src[k]);
+    srcs[k] = reinterpret_cast<uintptr_t>(g.src[k]);
   }
-  AlignedSplit split = alignedSplit(addrs, g.nsrc + 1, count, sizeof(T));
-  for (int seg = 1; seg < g.nseg && split.vectors > 0; ++seg) {
-    if (g.src_offset[seg] % 16 != 0 || (seg * g.dst_stride) % 16 != 0) {
-      split = AlignedSplit{count, 0, 0, split.elemsPerVector};
-    }
-  }
+  const AlignedSplit split = segmentsSplit(reinterpret_cast<uintptr_t>(g.dst), srcs, g.nsrc, g.src_offset, g.nseg,
+                                           g.dst_stride, count, sizeof(T));
   const size_t segs = static_cast<size_t>(g.nseg);
   if (split.head > 0) {
     reduceElements<T, kC><<<blocksFor(split.head * segs, max_blocks), kThreads, 0, stream>>>(g, 0, split.head);
