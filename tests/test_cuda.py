@@ -600,6 +600,56 @@ def test_cuda_graph_capture(pools):
         assert failures == []
 
 
+def case_zero_copy_mixed_nodes(sizes: list[int]) -> list[str]:
+    """Node 0 maps its tensors while node 1 stages every call (its tensors
+    come through DLPack, memory whose free torch does not announce): the
+    nodes decide apart, so their rails must still meet the same NCCL calls,
+    and AllReduce's slices must hold the same elements on both. Sizes with
+    empty slices and sizes of several chunks; SUM and AVG; float32 and
+    bfloat16."""
+    rank, world = dist.get_rank(), dist.get_world_size()
+    dev = _device()
+    staging_node = rank >= world // 2
+
+    def own(t: torch.Tensor) -> torch.Tensor:
+        return torch.from_dlpack(t) if staging_node else t
+
+    mapped0, staged0, _ = case_zero_copy_counts()
+    failures = []
+    calls = 0
+    for n in sizes:
+        for dtype in (torch.float32, torch.bfloat16):
+            for name, op in (("SUM", dist.ReduceOp.SUM), ("AVG", dist.ReduceOp.AVG)):
+                what = f"n={n} {dtype} {name}"
+                salt = n % 97
+                x = own(_input(rank, n, dtype, dev, salt=salt))
+                out = own(torch.zeros(n * world, dtype=dtype, device=dev))
+                dist.all_gather_into_tensor(out, x)
+                if not torch.equal(out, torch.cat([_input(r, n, dtype, dev, salt=salt) for r in range(world)])):
+                    failures.append(f"all_gather {what}")
+                factor = 1.0 / world if name == "AVG" else 1.0
+                inp = own(_input(rank, n * world, dtype, dev, salt=salt + 10))
+                o = own(torch.empty(n, dtype=dtype, device=dev))
+                dist.reduce_scatter_tensor(o, inp, op=op)
+                want = _reference([_input(r, n * world, dtype, dev, salt=salt + 10) for r in range(world)], name, factor)
+                t = own(_input(rank, n, dtype, dev, salt=salt + 20))
+                dist.all_reduce(t, op=op)
+                want_ar = _reference([_input(r, n, dtype, dev, salt=salt + 20) for r in range(world)], name, factor)
+                calls += 3
+                try:
+                    _close(o, want[rank * n:(rank + 1) * n], dtype, f"reduce_scatter {what}")
+                    _close(t, want_ar, dtype, f"all_reduce {what}")
+                except AssertionError as e:
+                    failures.append(str(e))
+    mapped, staged, _ = case_zero_copy_counts()
+    # Every call (none is empty) mapped on node 0 and staged on node 1.
+    if staging_node and staged - staged0 < calls:
+        failures.append(f"rank {rank}: {staged - staged0} of {calls} calls staged on the staging node")
+    if not staging_node and mapped - mapped0 < calls:
+        failures.append(f"rank {rank}: {mapped - mapped0} of {calls} calls mapped on the mapping node")
+    return failures
+
+
 # ---- the rails schedules with ranks sharing one GPU: each process its own
 # host to NCCL (SMDDP_CUDA_INTER_NODE=nccl with SMDDP_CUDA_RANKS_PER_GPU), the
 # rails over NCCL's network transport. Last in the file: on the GPU check's
@@ -628,14 +678,18 @@ def test_cuda_rails_on_one_gpu(pools):
 
 
 @pytest.mark.timeout(300)
-def test_cuda_rails_zero_copy_on_one_gpu(pools):
+@pytest.mark.parametrize("pipeline", ["0", "1"])
+def test_cuda_rails_zero_copy_on_one_gpu(pools, pipeline):
     """SMDDP_CUDA_ZERO_COPY=1 over the rails (2 emulated nodes x 2 ranks on one
     GPU): the node stage reads the peers' tensors, the results are the staged
-    path's (AllReduce bit for bit: the node's additions in the same order, and
-    two nodes' sums in any order are the same), the calls are mapped."""
+    path's (AllReduce bit for bit: the same slices and rail calls), the calls
+    are mapped. SMDDP_CUDA_PIPELINE=1: the node stage chunk by chunk beside
+    the rail's (the larger sizes span several chunks of the 1M staging
+    buffer's). One node mapping while the other stages gives the same
+    results."""
     if not torch.cuda.is_available():
         pytest.skip("no GPU")
-    rails = {"SMDDP_RANKS_PER_NODE": "2", **_one_gpu_rails(4)}
+    rails = {"SMDDP_RANKS_PER_NODE": "2", "SMDDP_CUDA_PIPELINE": pipeline, **_one_gpu_rails(4)}
     zero = pools(4, SMDDP_CUDA_ZERO_COPY="1", **rails)
     for text in zero.run(case_describe, timeout=120):
         assert "nccl rails" in text and "zero-copy" in text, text
@@ -646,6 +700,8 @@ def test_cuda_rails_zero_copy_on_one_gpu(pools):
     # Every call of case_zero_copy_buffers mapped (24).
     for mapped, _, _ in zero.run(case_zero_copy_counts, timeout=60):
         assert mapped >= 24, mapped
+    for failures in zero.run(case_zero_copy_mixed_nodes, [7, 4099, 300003], timeout=180):
+        assert failures == []
     sizes = [4099, 300003]
     assert zero.run(case_allreduce_bits, sizes, timeout=120) == pools(4, **rails).run(
         case_allreduce_bits, sizes, timeout=120), "zero-copy AllReduce over the rails gives other bits than the staged one"

@@ -21,14 +21,19 @@
 //                   stream, while the node reduces the next chunk)
 //
 // With SMDDP_CUDA_ZERO_COPY the node stage reads the peers' tensors instead
-// of their stages, in one pass (no chunks, so no pipelining):
-//   AllGather       after the rail stage, rank r copies every peer's rail
-//                   blocks from the peer's output into its own
-//   ReduceScatter   one launch reduces every rail member's block of every
-//                   peer's input into the partials; the rail as above
-//   AllReduce       rank r reduces its slice of every peer's input into its
-//                   output, all-reduces it over the rail in place, then
-//                   copies every peer's slice from the peer's output
+// of their stages; the rail's calls stay those of the staged path, since a
+// node whose tensors cannot be mapped stages the call (nodes decide apart):
+//   AllGather       after the rail stage (pipelined: after each chunk of
+//                   it), rank r copies every peer's rail blocks from the
+//                   peer's output into its own
+//   ReduceScatter   one launch (pipelined: one per chunk) reduces every rail
+//                   member's block of every peer's input into the partials;
+//                   the rail as above
+//   AllReduce       the staged path's chunks, slices and slots: rank r
+//                   reduces its slice of each chunk of every peer's input
+//                   into a slot, the rail as above, then rank r copies its
+//                   slot into its output and every peer's slice from the
+//                   peer's output
 #include <algorithm>
 #include <optional>
 
@@ -136,22 +141,15 @@ class RailsSchedule : public Schedule {
     const auto* in = static_cast<const uint8_t*>(args.in);
     MappedCall call;
     const Opened how = openNodeCall(ctx_, args, s, b, static_cast<size_t>(ctx_.topo.size()) * b, &call);
-    if (how == Opened::kMapped) {
-      copyAsync(out + static_cast<size_t>(ctx_.topo.rank()) * b, in, b, s);
-      railGather(args, 0, b, s);
-      // Not `first`: the peers' outputs hold their rails' blocks only now.
-      mappedStep(ctx_, args, s, false, [&] {
-        for (int k = 1; k < L; ++k) {
-          const int l = (me + k) % L;
-          const std::vector<size_t> at = railOffsets(l, b);
-          copyBlocks(out, at, call.out[static_cast<size_t>(l)], at, b, s);
-        }
-      });
-      return;
-    }
-    const size_t cb = std::max<size_t>(1, ctx_.ipc->stagingBytes() / static_cast<size_t>(N));
-    const size_t chunks = chunkCount(b, cb);
+    const bool mapped = how == Opened::kMapped;
     const bool pipelined = ctx_.config.cuda_pipeline;
+    // Chunks of a stage's share. A mapped call has no stage to fit, but its
+    // rail's calls must be those of a node that stages the call (nodes
+    // decide apart): one rail call unpipelined, as a staged node's; the
+    // staged chunks pipelined.
+    const size_t staged = std::max<size_t>(1, ctx_.ipc->stagingBytes() / static_cast<size_t>(N));
+    const size_t cb = mapped && !pipelined ? std::max<size_t>(1, b) : staged;
+    const size_t chunks = chunkCount(b, cb);
     std::optional<StreamJoin> join;
     if (pipelined) {
       reserveEvents(chunks + 2);
@@ -169,12 +167,24 @@ class RailsSchedule : public Schedule {
       railGather(args, c * cb, chunkLen(b, cb, c), railStream());
       cudaCheck(cudaEventRecord(chunk_events_[c + 1], railStream()), "cudaEventRecord");
     }
-    // Node: my rail's N blocks to every local peer, through the stages.
+    // Node: my rail's N blocks to every local peer, through the stages, or
+    // (mapped) every peer's rail's blocks from the peer's output.
     for (size_t c = 0; c < chunks; ++c) {
       const size_t off = c * cb;
       const size_t len = chunkLen(b, cb, c);
       if (pipelined) {
         cudaCheck(cudaStreamWaitEvent(s, chunk_events_[c + 1], 0), "cudaStreamWaitEvent");
+      }
+      if (mapped) {
+        // Not `first`: the peers' outputs hold their rails' chunks only now.
+        mappedStep(ctx_, args, s, false, [&] {
+          for (int k = 1; k < L; ++k) {
+            const int l = (me + k) % L;
+            const std::vector<size_t> at = railOffsets(l, b);
+            copyBlocks(out + off, at, call.out[static_cast<size_t>(l)] + off, at, len, s);
+          }
+        });
+        continue;
       }
       exchange(
           ctx_, args, s, c == 0 && how == Opened::kStaged,
@@ -211,70 +221,79 @@ class RailsSchedule : public Schedule {
     std::vector<const void*> srcs(static_cast<size_t>(L));
     const ncclDataType_t type = ncclTypeOf(args.dtype());
     const ncclRedOp_t op = ncclOpOf(args.reduce.op);
-    std::vector<size_t> offsets(static_cast<size_t>(N));
     MappedCall call;
     const Opened how = openNodeCall(ctx_, args, s, static_cast<size_t>(world) * b, 0, &call);
-    if (how == Opened::kMapped) {
-      // Every rail member's block of every peer's input in one launch, then
-      // the rail as on the staged path (the same partials, the same bits).
-      mappedStep(ctx_, args, s, true, [&] {
-        for (int m = 0; m < N; ++m) {
-          offsets[static_cast<size_t>(m)] = static_cast<size_t>(ctx_.rail_ranks[static_cast<size_t>(m)]) * b;
-        }
-        for (int l = 0; l < L; ++l) {
-          srcs[static_cast<size_t>(l)] = call.in[static_cast<size_t>(l)];
-        }
-        launchReduceSegments(args.reduce, partials, b, srcs.data(), L, offsets.data(), N, args.count,
-                             Sources::kInputs, Result::kPartial, ctx_.config.cuda_reduce_blocks, s);
-      });
-      ctx_.rail->run("the rail ReduceScatter", args.deadline, [&](ncclComm_t comm) {
-        return ncclReduceScatter(partials, args.out, args.count, type, op, comm, s);
-      });
-      launchFinalize(args.reduce, args.out, args.count, Sources::kPartials, ctx_.config.cuda_reduce_blocks, s);
-      return;
-    }
-    // Node: the partial of every rail member's block, reduced over the node.
-    const size_t ce = std::max<size_t>(1, ctx_.ipc->stagingBytes() / (static_cast<size_t>(world) * es));
-    const size_t chunks = chunkCount(args.count, ce);
+    const bool mapped = how == Opened::kMapped;
     // SMDDP_CUDA_PIPELINE: the partials chunk-major (chunk c of every
     // member's block side by side), each chunk reduce-scattered over the rail
     // on the rail's stream as soon as the node has reduced it.
     const bool pipelined = ctx_.config.cuda_pipeline;
+    // Chunks of what fits a stage; a mapped call's as a staged node's (its
+    // rail's calls must match theirs): one launch unpipelined, the same
+    // partials and one rail call; pipelined, the staged chunks.
+    const size_t staged = std::max<size_t>(1, ctx_.ipc->stagingBytes() / (static_cast<size_t>(world) * es));
+    const size_t ce = mapped && !pipelined ? std::max<size_t>(1, args.count) : staged;
+    const size_t chunks = chunkCount(args.count, ce);
     std::optional<StreamJoin> join;
     if (pipelined) {
       reserveEvents(chunks + 1);
       join.emplace(s, railStream(), chunk_events_[chunks]);
     }
-    for (size_t c = 0; c < chunks; ++c) {
+    // The node's partial of every rail member's block of chunk c, in one
+    // launch: segment m reads block rail_ranks[m] of every source, the
+    // blocks `pitch` bytes apart there.
+    std::vector<size_t> offsets(static_cast<size_t>(N));
+    auto reduceChunk = [&](size_t c, size_t pitch) {
       const size_t off = c * ce;
       const size_t len = chunkLen(args.count, ce, c);
+      for (int m = 0; m < N; ++m) {
+        offsets[static_cast<size_t>(m)] = static_cast<size_t>(ctx_.rail_ranks[static_cast<size_t>(m)]) * pitch;
+      }
+      uint8_t* dst = pipelined ? partials + static_cast<size_t>(N) * off * es : partials + off * es;
+      launchReduceSegments(args.reduce, dst, pipelined ? len * es : b, srcs.data(), L, offsets.data(), N, len,
+                           Sources::kInputs, Result::kPartial, ctx_.config.cuda_reduce_blocks, s);
+    };
+    // Pipelined: chunk c's partials over the rail on the rail's stream.
+    auto railChunk = [&](size_t c) {
+      const size_t off = c * ce;
+      cudaStream_t r = railStream();
+      cudaCheck(cudaEventRecord(chunk_events_[c], s), "cudaEventRecord");
+      cudaCheck(cudaStreamWaitEvent(r, chunk_events_[c], 0), "cudaStreamWaitEvent");
+      ctx_.rail->run("the rail ReduceScatter (pipelined)", args.deadline, [&](ncclComm_t comm) {
+        return ncclReduceScatter(partials + static_cast<size_t>(N) * off * es,
+                                 static_cast<uint8_t*>(args.out) + off * es, chunkLen(args.count, ce, c), type, op,
+                                 comm, r);
+      });
+    };
+    if (mapped) {
+      // Every peer's input as it is (the staged path's partials, so its bits).
+      mappedStep(ctx_, args, s, true, [&] {
+        for (size_t c = 0; c < chunks; ++c) {
+          for (int l = 0; l < L; ++l) {
+            srcs[static_cast<size_t>(l)] = call.in[static_cast<size_t>(l)] + c * ce * es;
+          }
+          reduceChunk(c, b);
+          if (pipelined) {
+            railChunk(c);
+          }
+        }
+      });
+    }
+    for (size_t c = 0; !mapped && c < chunks; ++c) {
       exchange(
           ctx_, args, s, c == 0 && how == Opened::kStaged,
           [&] {
-            copyRows(ctx_, ctx_.ipc->staging(ctx_.topo.myLocalRank()), ce * es, in + off * es, b, len * es,
-                     static_cast<size_t>(world), s);
+            copyRows(ctx_, ctx_.ipc->staging(ctx_.topo.myLocalRank()), ce * es, in + c * ce * es, b,
+                     chunkLen(args.count, ce, c) * es, static_cast<size_t>(world), s);
           },
           [&] {
-            // Every rail member's block of this chunk in one launch: segment
-            // m reads block rail_ranks[m] of every stage.
-            for (int m = 0; m < N; ++m) {
-              offsets[static_cast<size_t>(m)] = static_cast<size_t>(ctx_.rail_ranks[static_cast<size_t>(m)]) * ce * es;
-            }
             for (int l = 0; l < L; ++l) {
               srcs[static_cast<size_t>(l)] = ctx_.ipc->staging(l);
             }
-            uint8_t* dst = pipelined ? partials + static_cast<size_t>(N) * off * es : partials + off * es;
-            launchReduceSegments(args.reduce, dst, pipelined ? len * es : b, srcs.data(), L, offsets.data(), N, len,
-                                 Sources::kInputs, Result::kPartial, ctx_.config.cuda_reduce_blocks, s);
+            reduceChunk(c, ce * es);
           });
       if (pipelined) {
-        cudaStream_t r = railStream();
-        cudaCheck(cudaEventRecord(chunk_events_[c], s), "cudaEventRecord");
-        cudaCheck(cudaStreamWaitEvent(r, chunk_events_[c], 0), "cudaStreamWaitEvent");
-        ctx_.rail->run("the rail ReduceScatter (pipelined)", args.deadline, [&](ncclComm_t comm) {
-          return ncclReduceScatter(partials + static_cast<size_t>(N) * off * es,
-                                   static_cast<uint8_t*>(args.out) + off * es, len, type, op, comm, r);
-        });
+        railChunk(c);
       }
     }
     if (pipelined) {
@@ -320,12 +339,6 @@ class RailsSchedule : public Schedule {
       launchReduce(args.reduce, result, srcs, L, count, Sources::kInputs, Result::kPartial,
                    ctx_.config.cuda_reduce_blocks, s);
     };
-    if (how == Opened::kMapped) {
-      mappedAllReduce(ctx_, args, s, call, reduceSlice, [&](uint8_t* slice, size_t count) {
-        railAllReduce(slice, count, s);
-      });
-      return;
-    }
     const bool pipelined = ctx_.config.cuda_pipeline;
     SliceRail rail;
     rail.steps = pipelined ? RailSteps::kPerChunk : RailSteps::kWhole;
@@ -343,7 +356,10 @@ class RailsSchedule : public Schedule {
       rail.joined = chunk_events_[4];
     }
     rail.run = railAllReduce;
-    slicedAllReduce(ctx_, args, s, reduceSlice, how, &rail);
+    // Mapped too: the staged path's slices and rail steps (a node that
+    // stages the call reduces and sends the same elements), without the
+    // staging copies.
+    slicedAllReduce(ctx_, args, s, reduceSlice, how, &rail, how == Opened::kMapped ? &call : nullptr);
   }
 
   void broadcast(const OpArgs& args, cudaStream_t s) override {

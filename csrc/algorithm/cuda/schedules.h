@@ -186,20 +186,6 @@ Opened openNodeCall(
 // right after openNodeCall.
 void mappedStep(DeviceContext& ctx, const OpArgs& args, cudaStream_t s, bool first, const std::function<void()>& consume);
 
-// AllReduce of a mapped call: each rank reduces its slice of every peer's
-// input into its own output with `reduceSlice(srcs, result, count)` (the
-// slices 16-byte aligned), runs `railSlice(slice, count)` on it where given
-// (the rails' stage across nodes, in place, on the same stream), then copies
-// every peer's slice from the peer's output. Each element is reduced in local
-// rank order, as on the staged path.
-void mappedAllReduce(
-    DeviceContext& ctx,
-    const OpArgs& args,
-    cudaStream_t s,
-    const MappedCall& call,
-    const std::function<void(const void* const* srcs, uint8_t* result, size_t count)>& reduceSlice,
-    const std::function<void(uint8_t* slice, size_t count)>& railSlice = nullptr);
-
 // The rail stage of a sliced AllReduce over the rails (its steps and their
 // order: algorithm/device_plan.h, slicedAllReducePlan). `run(slices, count,
 // stream)` all-reduces `count` elements of reduced slices across the nodes,
@@ -221,20 +207,37 @@ struct SliceRail {
   std::function<void(uint8_t* slices, size_t count, cudaStream_t stream)> run;
 };
 
+// AllReduce of a mapped call on one node: each rank reduces its slice of
+// every peer's input into its own output with `reduceSlice(srcs, result,
+// count)` (the slices 16-byte aligned), then copies every peer's slice from
+// the peer's output. Each element is reduced in local rank order, as on the
+// staged path.
+void mappedAllReduce(
+    DeviceContext& ctx,
+    const OpArgs& args,
+    cudaStream_t s,
+    const MappedCall& call,
+    const std::function<void(const void* const* srcs, uint8_t* result, size_t count)>& reduceSlice);
+
 // AllReduce through the staging buffers, chunk by chunk: each rank reduces
 // its slice of the chunk (16-byte aligned, so that the kernel reads vectors)
 // from every peer's stage with `reduceSlice(srcs, result, count)` (the
 // node's kernel) into the result half of its own staging buffer, or with
 // `rail` into a slot that the rail stage then all-reduces; then every rank
 // gathers every peer's result slice. The caller has opened the call, `how`
-// (kStaged or kChecked).
+// (kStaged or kChecked). A mapped call (`how` kMapped, its buffers in
+// `call`: the rails' zero-copy AllReduce) takes the same chunks, slices,
+// slots and rail steps, so that its rail's calls and bits are the staged
+// path's on every node, but reads every rank's input instead of its stage
+// and gathers from every rank's output: no staging copies.
 void slicedAllReduce(
     DeviceContext& ctx,
     const OpArgs& args,
     cudaStream_t s,
     const std::function<void(const void* const* srcs, uint8_t* result, size_t count)>& reduceSlice,
     Opened how,
-    const SliceRail* rail = nullptr);
+    const SliceRail* rail = nullptr,
+    const MappedCall* call = nullptr);
 
 // How many chunks slicedAllReduce cuts a call into, and the largest slice it
 // gives this rank, in bytes.

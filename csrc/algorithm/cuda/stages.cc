@@ -185,8 +185,10 @@ void slicedAllReduce(
     cudaStream_t s,
     const std::function<void(const void* const* srcs, uint8_t* result, size_t count)>& reduceSlice,
     Opened how,
-    const SliceRail* rail) {
-  SMDDP_ASSERT(how != Opened::kMapped, "(a mapped call has no staged AllReduce)");
+    const SliceRail* rail,
+    const MappedCall* call) {
+  const bool mapped = how == Opened::kMapped;
+  SMDDP_ASSERT(!mapped || call != nullptr, "(a mapped sliced AllReduce needs the mapped buffers)");
   const int L = ctx.topo.localSize();
   const size_t me = static_cast<size_t>(ctx.topo.myLocalRank());
   const SliceChunks k(ctx, args);
@@ -203,6 +205,51 @@ void slicedAllReduce(
     join.emplace(s, rail->stream, rail->joined);
   }
   std::vector<const void*> srcs(static_cast<size_t>(L));
+  // Mapped: this rank's slice of chunk c straight from every rank's input;
+  // its own slice into the output (from the slot) and every peer's slice
+  // from the peer's output.
+  auto reduceMapped = [&](size_t c) {
+    const AlignedSlices slices = k.slices(k.len(args.count, c));
+    const size_t at = (c * k.ce + slices.begin(me)) * es;
+    for (int l = 0; l < L; ++l) {
+      srcs[static_cast<size_t>(l)] = call->in[static_cast<size_t>(l)] + at;
+    }
+    reduceSlice(srcs.data(), rail != nullptr ? slot(c) : out + at, slices.size(me));
+  };
+  std::vector<void*> dsts;
+  std::vector<const void*> from;
+  std::vector<size_t> sizes;
+  auto gatherMapped = [&](size_t c) {
+    const AlignedSlices slices = k.slices(k.len(args.count, c));
+    if (rail != nullptr) {
+      copyAsync(out + (c * k.ce + slices.begin(me)) * es, slot(c), slices.size(me) * es, s);
+    }
+    for (int l = 0; l < L; ++l) {
+      if (static_cast<size_t>(l) != me) {
+        const size_t at = (c * k.ce + slices.begin(static_cast<size_t>(l))) * es;
+        dsts.push_back(out + at);
+        from.push_back(call->out[static_cast<size_t>(l)] + at);
+        sizes.push_back(slices.size(static_cast<size_t>(l)) * es);
+      }
+    }
+  };
+  if (mapped && !two_streams) {
+    // Every input is ready at the open and nothing is staged: every chunk's
+    // reduction in one step, the rail, every chunk's gather in one more.
+    mappedStep(ctx, args, s, true, [&] {
+      for (size_t c = 0; c < chunks; ++c) {
+        reduceMapped(c);
+      }
+    });
+    if (rail != nullptr) {
+      rail->run(rail->slots, chunks * rail->slot_bytes / es, s);
+    }
+    for (size_t c = 0; c < chunks; ++c) {
+      gatherMapped(c);
+    }
+    mappedStep(ctx, args, s, false, [&] { copyBatch(ctx, dsts, from, sizes, s); });
+    return;
+  }
   for (const PlannedStep& step : slicedAllReducePlan(chunks, steps)) {
     const size_t c = step.first;
     const size_t off = c * k.ce;
@@ -212,15 +259,19 @@ void slicedAllReduce(
     const size_t mine = slices.size(me);
     switch (step.step) {
       case SliceStep::kReduce:
-        exchange(
-            ctx, args, s, c == 0 && how == Opened::kStaged,
-            [&] { copyAsync(ctx.ipc->staging(static_cast<int>(me)), in + off * es, n * es, s); },
-            [&] {
-              for (int l = 0; l < L; ++l) {
-                srcs[static_cast<size_t>(l)] = ctx.ipc->staging(l) + b0 * es;
-              }
-              reduceSlice(srcs.data(), rail != nullptr ? slot(c) : result + b0 * es, mine);
-            });
+        if (mapped) {
+          mappedStep(ctx, args, s, c == 0, [&] { reduceMapped(c); });
+        } else {
+          exchange(
+              ctx, args, s, c == 0 && how == Opened::kStaged,
+              [&] { copyAsync(ctx.ipc->staging(static_cast<int>(me)), in + off * es, n * es, s); },
+              [&] {
+                for (int l = 0; l < L; ++l) {
+                  srcs[static_cast<size_t>(l)] = ctx.ipc->staging(l) + b0 * es;
+                }
+                reduceSlice(srcs.data(), rail != nullptr ? slot(c) : result + b0 * es, mine);
+              });
+        }
         if (two_streams) {
           cudaCheck(cudaEventRecord(rail->reduced[c % 2], s), "cudaEventRecord");
         }
@@ -239,6 +290,14 @@ void slicedAllReduce(
       case SliceStep::kGather:
         if (two_streams) {
           cudaCheck(cudaStreamWaitEvent(s, rail->railed[c % 2], 0), "cudaStreamWaitEvent");
+        }
+        if (mapped) {
+          dsts.clear();
+          from.clear();
+          sizes.clear();
+          gatherMapped(c);
+          mappedStep(ctx, args, s, false, [&] { copyBatch(ctx, dsts, from, sizes, s); });
+          break;
         }
         exchange(
             ctx, args, s, false,
@@ -394,8 +453,7 @@ void mappedAllReduce(
     const OpArgs& args,
     cudaStream_t s,
     const MappedCall& call,
-    const std::function<void(const void* const* srcs, uint8_t* result, size_t count)>& reduceSlice,
-    const std::function<void(uint8_t* slice, size_t count)>& railSlice) {
+    const std::function<void(const void* const* srcs, uint8_t* result, size_t count)>& reduceSlice) {
   const int L = ctx.topo.localSize();
   const size_t me = static_cast<size_t>(ctx.topo.myLocalRank());
   const size_t es = args.elemSize();
@@ -410,9 +468,6 @@ void mappedAllReduce(
     }
     reduceSlice(srcs.data(), call.out[me] + b0, slices.size(me));
   });
-  if (railSlice) {
-    railSlice(call.out[me] + b0, slices.size(me));
-  }
   mappedStep(ctx, args, s, false, [&] {
     std::vector<void*> dsts;
     std::vector<const void*> from;
