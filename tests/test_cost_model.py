@@ -223,10 +223,12 @@ def test_cuda_zero_copy_reads_the_peers_tensors_in_one_pass():
     # ReduceScatter: two meetings 5 us, the kernel reading the peer's rail
     # blocks 40 us, the rail 410 us: 455 us (530 us staged).
     assert hierarchical_time("reduce_scatter", S, 2, m) == pytest.approx(455 * US)
-    # AllReduce: four meetings 10 us, the peer's half read and its slice
-    # copied 2 x 4e6/100e9 = 80 us, the rail 2 x 10 + 800 = 820 us: 910 us
+    # AllReduce over the rails: the staged path's 16 chunks, slices and
+    # slots in two mapped steps, 2 x 5 = 10 us; the own slice from its slot
+    # into the output 4e6/200e9 = 20 us; the peer's half read and its slice
+    # copied 2 x 4e6/100e9 = 80 us; the rail 2 x 10 + 800 = 820 us: 930 us
     # (1140 us staged).
-    assert hierarchical_time("all_reduce", S, 2, m) == pytest.approx(910 * US)
+    assert hierarchical_time("all_reduce", S, 2, m) == pytest.approx(930 * US)
     # One node, b = 4e6: AllGather 20 + 5 + 40 = 65 us (100 staged),
     # ReduceScatter 5 + 40 = 45 us (120 staged), AllReduce 10 + 80 = 90 us.
     assert hierarchical_time("all_gather", S, 1, m) == pytest.approx(65 * US)
@@ -235,6 +237,39 @@ def test_cuda_zero_copy_reads_the_peers_tensors_in_one_pass():
     # With one GPU per node there is no node stage to map: NCCL's ring.
     assert hierarchical_time("all_gather", S, 2, cuda(1, schedule="cuda-zero-copy")) == pytest.approx(410 * US)
     assert "zero-copy" in model.describe_schedule(m)
+
+
+def test_cuda_zero_copy_pipelined_overlaps_the_staged_chunks_with_the_rail():
+    # SMDDP_CUDA_ZERO_COPY with SMDDP_CUDA_PIPELINE: the staged path's chunks,
+    # a rail call each beside the zero-copy node stage.
+    m = cuda(2, schedule="cuda-zero-copy-pipelined")
+    # AllGather, 4 chunks: own block 10 us and the open 2.5 us; node 4 x 2
+    # meetings 20 us + 40 us; rail 4 x 10 + 400 = 440 us: 12.5 + 440 + 60/4
+    # = 467.5 us, as in one pass (the latency of 3 more rail calls eats the
+    # overlap). With 1 us across nodes: 12.5 + 404 + 15 = 431.5 us against
+    # 458.5 us in one pass.
+    assert hierarchical_time("all_gather", S, 2, m) == pytest.approx(467.5 * US)
+    fast = dict(alpha_inter_us=1.0)
+    pipelined, one_pass = (cuda(2, schedule=f"cuda-zero-copy{p}", **fast) for p in ("-pipelined", ""))
+    assert hierarchical_time("all_gather", S, 2, pipelined) == pytest.approx(431.5 * US)
+    assert hierarchical_time("all_gather", S, 2, one_pass) == pytest.approx(458.5 * US)
+    # ReduceScatter, 8 chunks: two meetings 5 us; node 40 us; rail 80 + 400
+    # = 480 us: 5 + 480 + 5 = 490 us (455 in one pass); fast: 5 + 408 + 5 =
+    # 418 us against 446 us.
+    assert hierarchical_time("reduce_scatter", S, 2, m) == pytest.approx(490 * US)
+    assert hierarchical_time("reduce_scatter", S, 2, pipelined) == pytest.approx(418 * US)
+    assert hierarchical_time("reduce_scatter", S, 2, one_pass) == pytest.approx(446 * US)
+    # AllReduce, 16 chunks of two mapped steps each: node 160 + 20 + 80 =
+    # 260 us; rail 16 x 20 + 800 = 1120 us: 1120 + 260/16 = 1136.25 us;
+    # fast: 832 + 16.25 = 848.25 us against 110 + 802 = 912 us in one pass.
+    assert hierarchical_time("all_reduce", S, 2, m) == pytest.approx(1136.25 * US)
+    assert hierarchical_time("all_reduce", S, 2, pipelined) == pytest.approx(848.25 * US)
+    assert hierarchical_time("all_reduce", S, 2, one_pass) == pytest.approx(912 * US)
+    # One node has no rail: the one pass.
+    for op in ("all_gather", "reduce_scatter", "all_reduce"):
+        assert hierarchical_time(op, S, 1, m) == pytest.approx(
+            hierarchical_time(op, S, 1, cuda(2, schedule="cuda-zero-copy"))), op
+    assert "SMDDP_CUDA_PIPELINE" in model.describe_schedule(m)
 
 
 def test_the_pipelined_cpu_schedule_is_chosen_by_name():

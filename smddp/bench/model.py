@@ -28,7 +28,7 @@ from smddp.bench.units import parse_counts, parse_size, parse_size_list, positiv
 
 MODEL_OPS = ("all_gather", "reduce_scatter", "all_reduce")
 # smddp's schedules the model knows, by the code path that runs them.
-SCHEDULES = ("cuda", "cuda-pipelined", "cuda-zero-copy", "cpu-pipelined")
+SCHEDULES = ("cuda", "cuda-pipelined", "cuda-zero-copy", "cuda-zero-copy-pipelined", "cpu-pipelined")
 
 
 @dataclass(frozen=True)
@@ -48,7 +48,8 @@ class Machine:
     node_gbps: float = 0.0  # effective network rate of a node; 0: nics*nic_gbps*net_efficiency
     # Which of smddp's schedules runs (SCHEDULES): cuda, the GPU path's node
     # and rails schedules (cuda-pipelined: with SMDDP_CUDA_PIPELINE,
-    # cuda-zero-copy: with SMDDP_CUDA_ZERO_COPY);
+    # cuda-zero-copy: with SMDDP_CUDA_ZERO_COPY, cuda-zero-copy-pipelined:
+    # with both);
     # cpu-pipelined, the host path's stages side by side.
     schedule: str = "cpu-pipelined"
     staging_bytes: int = 32 << 20  # cuda: each rank's staging buffer (SMDDP_CUDA_STAGING_BYTES)
@@ -144,19 +145,22 @@ def cuda_time(op: str, size: float, nodes: int, m: Machine) -> float:
     cuda-pipelined (SMDDP_CUDA_PIPELINE): the rail stage chunk by chunk on a
     stream of its own, so the slower stage plus one chunk of the faster;
     cuda-zero-copy (SMDDP_CUDA_ZERO_COPY): the node stage on the peers'
-    tensors in one pass, as zero_copy_time."""
+    tensors, as zero_copy_time, but for AllReduce over the rails: the staged
+    schedule without its staging copies (cuda-zero-copy-pipelined: with
+    both)."""
     _check(op, nodes, m)
     if m.gpus_per_node == 1:
         # One GPU per node: the rail is the group, NCCL's ring on the user's buffers.
         return ring_time(op, size, nodes, m)
-    if m.schedule == "cuda-zero-copy":
+    zero = m.schedule.startswith("cuda-zero-copy")
+    if zero and (op != "all_reduce" or nodes == 1):
         return zero_copy_time(op, size, nodes, m)
     n, g, z = nodes, m.gpus_per_node, m.staging_bytes
     nv, share = m.nvlink_gbs * 1e9, m.nic_share_gbs * 1e9
     copy = m.copy_gbs * 1e9 if m.copy_gbs else math.inf
     sync, alpha = m.sync_us * 1e-6, m.alpha_inter_us * 1e-6
     block = size / (n * g)
-    pipelined = m.schedule == "cuda-pipelined"
+    pipelined = m.schedule in ("cuda-pipelined", "cuda-zero-copy-pipelined")
     if op == "all_gather":
         # The own block into the output; the rail's blocks straight into the
         # output; per chunk of Z/N bytes of each of the rail's N blocks: the
@@ -183,10 +187,15 @@ def cuda_time(op: str, size: float, nodes: int, m: Machine) -> float:
         # rank's own memory); the rail's AllReduce of the slots (2(N-1) steps
         # of a 1/N of them), once per call, pipelined once per chunk; per
         # chunk an exchange (the own slice from its slot into the stage) and
-        # every slice copied out (the own one locally).
+        # every slice copied out (the own one locally). Zero-copy over the
+        # rails: the same chunks, slices and rail steps, no copies into the
+        # stages, the own slice from its slot into the output; two mapped
+        # steps per call (pipelined, per chunk as staged).
         chunks = math.ceil(size / max(16, z // 2 // 16 * 16))
         fixed = 0.0
-        node = chunks * 2 * sync + size / copy + (2 if n > 1 else 1) * size / g / copy + 2 * (g - 1) * size / g / nv
+        copies = size / g / copy if zero else size / copy + (2 if n > 1 else 1) * size / g / copy
+        steps = 1 if zero and not pipelined else chunks
+        node = steps * 2 * sync + copies + 2 * (g - 1) * size / g / nv
         rail = (chunks if pipelined else 1) * 2 * (n - 1) * alpha + 2 * (n - 1) * size / (g * n) / share
     if not pipelined:
         return fixed + node + rail
@@ -194,29 +203,47 @@ def cuda_time(op: str, size: float, nodes: int, m: Machine) -> float:
 
 
 def zero_copy_time(op: str, size: float, nodes: int, m: Machine) -> float:
-    """Seconds of the CUDA path with SMDDP_CUDA_ZERO_COPY: the node stage
-    reads the peers' tensors over NVSwitch in one pass (no staging copies, no
-    chunks), its meetings of the node's ranks those of the call (sync_us per
-    two: the open, then one or two per mapped step); the rail as on the staged
-    path, one call; every step on the caller's stream."""
-    n, g = nodes, m.gpus_per_node
+    """Seconds of the CUDA path with SMDDP_CUDA_ZERO_COPY (AllGather and
+    ReduceScatter; AllReduce on one node): the node stage reads the peers'
+    tensors over NVSwitch (no staging copies), its meetings of the node's
+    ranks those of the call (sync_us per two: the open, then one or two per
+    mapped step); the rail as on the staged path. Schedule cuda-zero-copy: one
+    pass, one rail call, every step on the caller's stream;
+    cuda-zero-copy-pipelined (with SMDDP_CUDA_PIPELINE, over the rails): the
+    staged path's chunks, a rail call each on a stream of its own, so the
+    slower stage plus one chunk of the faster."""
+    n, g, z = nodes, m.gpus_per_node, m.staging_bytes
     nv, share = m.nvlink_gbs * 1e9, m.nic_share_gbs * 1e9
     copy = m.copy_gbs * 1e9 if m.copy_gbs else math.inf
     meeting, alpha = m.sync_us * 1e-6 / 2, m.alpha_inter_us * 1e-6
     block = size / (n * g)
+    pipelined = m.schedule == "cuda-zero-copy-pipelined" and n > 1
     if op == "all_gather":
-        # The own block into the output, the rail straight into it, then
-        # each peer's rail blocks from the peer's output (over the rails the
-        # step meets twice after the open, on one node once).
-        return (block / copy + (n - 1) * (alpha + block / share)
-                + (3 if n > 1 else 2) * meeting + (g - 1) * n * block / nv)  # fmt: skip
-    if op == "reduce_scatter":
-        # One kernel reducing the rail's N blocks of every peer's input into
-        # the partials, then the rail's ReduceScatter of them.
-        return 2 * meeting + (g - 1) * n * block / nv + (n - 1) * (alpha + block / share)
-    # AllReduce: the own slice (1/G) of every input reduced into the output,
-    # all-reduced over the rail in place, every peer's slice copied.
-    return 4 * meeting + 2 * (g - 1) * size / g / nv + 2 * (n - 1) * (alpha + size / (g * n) / share)
+        # The own block into the output (and the open), the rail straight
+        # into the output, each peer's rail blocks from the peer's output
+        # (a mapped step of two meetings, pipelined one per chunk of Z/N of
+        # each block; on one node one meeting).
+        chunks = math.ceil(block / max(1, z // n)) if pipelined else 1
+        fixed = block / copy + meeting
+        node = (2 * chunks if n > 1 else 1) * meeting + (g - 1) * n * block / nv
+        rail = chunks * (n - 1) * alpha + (n - 1) * block / share
+    elif op == "reduce_scatter":
+        # The open and one mapped step; one kernel (pipelined: per chunk of
+        # Z/(N*G) of each block) reducing the rail's N blocks of every peer's
+        # input into the partials, then the rail's ReduceScatter of them (of
+        # each chunk's).
+        chunks = math.ceil(block / max(1, z // (n * g))) if pipelined else 1
+        fixed = 2 * meeting
+        node = (g - 1) * n * block / nv
+        rail = chunks * (n - 1) * alpha + (n - 1) * block / share
+    else:
+        # AllReduce on one node: the own slice (1/G) of every input reduced
+        # into the output, then every peer's slice copied.
+        assert n == 1, "the zero-copy AllReduce over the rails is cuda_time's"
+        return 4 * meeting + 2 * (g - 1) * size / g / nv
+    if not pipelined:
+        return fixed + node + rail
+    return fixed + max(node, rail) + min(node, rail) / chunks
 
 
 @dataclass(frozen=True)
@@ -282,8 +309,9 @@ _CONSTANTS: dict[str, tuple[Any, str]] = {
                  "smddp's schedule: cuda (the GPU path: stages one after the other, the node "
                  "stage through the staging buffers), cuda-pipelined (the same with "
                  "SMDDP_CUDA_PIPELINE=1: the rail stage on a stream of its own, chunk by chunk), "
-                 "cuda-zero-copy (with SMDDP_CUDA_ZERO_COPY=1: the node stage on the peers' tensors, one pass) "
-                 "or cpu-pipelined (the host path: stages side by side) [the preset's: cuda]"),
+                 "cuda-zero-copy (with SMDDP_CUDA_ZERO_COPY=1: the node stage on the peers' tensors, one pass), "
+                 "cuda-zero-copy-pipelined (with both: the zero-copy node stage in the staged path's chunks "
+                 "beside the rail's) or cpu-pipelined (the host path: stages side by side) [the preset's: cuda]"),
     "staging_bytes": (at_least(1, parse_size),
                       "cuda: each rank's staging buffer, SMDDP_CUDA_STAGING_BYTES [32M]"),
     "copy_gbs": (positive, "cuda: GB/s of a copy inside one GPU (read and write)"),
@@ -355,10 +383,14 @@ def describe(m: Machine) -> str:
 def describe_schedule(m: Machine) -> str:
     """smddp's schedule and its constants, in one line."""
     copy = f"{m.copy_gbs:.4g} GB/s" if m.copy_gbs else "not modelled"
-    if m.schedule == "cuda-zero-copy":
-        return (f"the CUDA schedule, the node stage zero-copy on the peers' tensors in one pass "
-                f"(SMDDP_CUDA_ZERO_COPY), stages one after the other; {m.sync_us / 2:.4g} us per meeting of the "
-                f"node's ranks, copies in a GPU {copy}")
+    if m.schedule.startswith("cuda-zero-copy"):
+        how = (f"in the chunks of a staging buffer of {format_size(m.staging_bytes)}, the rail stage on a stream "
+               "of its own beside it (SMDDP_CUDA_ZERO_COPY, SMDDP_CUDA_PIPELINE)"
+               if m.schedule == "cuda-zero-copy-pipelined" else
+               "in one pass (SMDDP_CUDA_ZERO_COPY; AllReduce over the rails in the staged path's chunks), "
+               "stages one after the other")  # fmt: skip
+        return (f"the CUDA schedule, the node stage zero-copy on the peers' tensors {how}; "
+                f"{m.sync_us / 2:.4g} us per meeting of the node's ranks, copies in a GPU {copy}")
     if m.schedule.startswith("cuda"):
         how = ("the rail stage on a stream of its own, chunk by chunk (SMDDP_CUDA_PIPELINE)"
                if m.schedule == "cuda-pipelined" else "stages one after the other")  # fmt: skip
