@@ -172,11 +172,11 @@ def cuda_time(op: str, size: float, nodes: int, m: Machine) -> float:
         node = chunks * sync + n * block / copy + (g - 1) * n * block / nv
         rail = (chunks if pipelined else 1) * (n - 1) * alpha + (n - 1) * block / share
     elif op == "reduce_scatter":
-        # Per chunk of Z/(N*G) bytes of every block: the input's rows into the
+        # Per chunk of Z/(N*G) bytes of every block (whole 16-byte vectors): the input's rows into the
         # stage, an exchange, one kernel reducing the rail's N blocks from
         # every stage (G-1 of them over NVSwitch); then the rail's
         # ReduceScatter of the node's partials (pipelined: of each chunk's).
-        chunks = math.ceil(block / max(1, z // (n * g)))
+        chunks = math.ceil(block / max(16, z // (n * g) // 16 * 16))
         fixed = 0.0
         node = chunks * sync + size / copy + (g - 1) * n * block / nv
         rail = (chunks if pipelined else 1) * (n - 1) * alpha + (n - 1) * block / share
@@ -232,7 +232,7 @@ def zero_copy_time(op: str, size: float, nodes: int, m: Machine) -> float:
         # Z/(N*G) of each block) reducing the rail's N blocks of every peer's
         # input into the partials, then the rail's ReduceScatter of them (of
         # each chunk's).
-        chunks = math.ceil(block / max(1, z // (n * g))) if pipelined else 1
+        chunks = math.ceil(block / max(16, z // (n * g) // 16 * 16)) if pipelined else 1
         fixed = 2 * meeting
         node = (g - 1) * n * block / nv
         rail = chunks * (n - 1) * alpha + (n - 1) * block / share

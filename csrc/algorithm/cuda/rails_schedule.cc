@@ -231,7 +231,11 @@ class RailsSchedule : public Schedule {
     // Chunks of what fits a stage; a mapped call's as a staged node's (its
     // rail's calls must match theirs): one launch unpipelined, the same
     // partials and one rail call; pipelined, the staged chunks.
-    const size_t staged = std::max<size_t>(1, ctx_.ipc->stagingBytes() / (static_cast<size_t>(world) * es));
+    // A whole number of 16-byte vectors where that fits, so that every rail
+    // member's block of a stage starts aligned and the kernel reads vectors.
+    const size_t align = std::max<size_t>(1, 16 / es);
+    const size_t fits = std::max<size_t>(1, ctx_.ipc->stagingBytes() / (static_cast<size_t>(world) * es));
+    const size_t staged = fits >= align ? fits / align * align : fits;
     const size_t ce = mapped && !pipelined ? std::max<size_t>(1, args.count) : staged;
     const size_t chunks = chunkCount(args.count, ce);
     std::optional<StreamJoin> join;
