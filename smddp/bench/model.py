@@ -134,6 +134,20 @@ def pipelined_time(op: str, size: float, nodes: int, m: Machine) -> float:
     return one_way * (2 if op == "all_reduce" else 1)
 
 
+def staged_chunks(op: str, size: float, nodes: int, m: Machine) -> int:
+    """How many chunks the CUDA path's staging buffer (Z bytes) cuts a call
+    into (algorithm/cuda): AllGather Z/N of each block, ReduceScatter
+    Z/(N*G) of each block in whole 16-byte vectors, AllReduce Z/2 of the
+    message."""
+    n, g, z = nodes, m.gpus_per_node, m.staging_bytes
+    block = size / (n * g)
+    if op == "all_gather":
+        return math.ceil(block / max(1, z // n))
+    if op == "reduce_scatter":
+        return math.ceil(block / max(16, z // (n * g) // 16 * 16))
+    return math.ceil(size / max(16, z // 2 // 16 * 16))
+
+
 def cuda_time(op: str, size: float, nodes: int, m: Machine) -> float:
     """Seconds of the CUDA path (algorithm/cuda): the node schedule on one
     node, the rails schedule on several. The node stage runs through the
@@ -155,7 +169,7 @@ def cuda_time(op: str, size: float, nodes: int, m: Machine) -> float:
     zero = m.schedule.startswith("cuda-zero-copy")
     if zero and (op != "all_reduce" or nodes == 1):
         return zero_copy_time(op, size, nodes, m)
-    n, g, z = nodes, m.gpus_per_node, m.staging_bytes
+    n, g = nodes, m.gpus_per_node
     nv, share = m.nvlink_gbs * 1e9, m.nic_share_gbs * 1e9
     copy = m.copy_gbs * 1e9 if m.copy_gbs else math.inf
     sync, alpha = m.sync_us * 1e-6, m.alpha_inter_us * 1e-6
@@ -167,16 +181,16 @@ def cuda_time(op: str, size: float, nodes: int, m: Machine) -> float:
         # N blocks into the own stage, an exchange, each of the G-1 peers'
         # stages copied out over NVSwitch. Pipelined, the rail's sends go
         # chunk by chunk too.
-        chunks = math.ceil(block / max(1, z // n))
+        chunks = staged_chunks(op, size, n, m)
         fixed = block / copy
         node = chunks * sync + n * block / copy + (g - 1) * n * block / nv
         rail = (chunks if pipelined else 1) * (n - 1) * alpha + (n - 1) * block / share
     elif op == "reduce_scatter":
-        # Per chunk of Z/(N*G) bytes of every block (whole 16-byte vectors): the input's rows into the
+        # Per chunk of Z/(N*G) bytes of every block: the input's rows into the
         # stage, an exchange, one kernel reducing the rail's N blocks from
         # every stage (G-1 of them over NVSwitch); then the rail's
         # ReduceScatter of the node's partials (pipelined: of each chunk's).
-        chunks = math.ceil(block / max(16, z // (n * g) // 16 * 16))
+        chunks = staged_chunks(op, size, n, m)
         fixed = 0.0
         node = chunks * sync + size / copy + (g - 1) * n * block / nv
         rail = (chunks if pipelined else 1) * (n - 1) * alpha + (n - 1) * block / share
@@ -191,7 +205,7 @@ def cuda_time(op: str, size: float, nodes: int, m: Machine) -> float:
         # rails: the same chunks, slices and rail steps, no copies into the
         # stages, the own slice from its slot into the output; two mapped
         # steps per call (pipelined, per chunk as staged).
-        chunks = math.ceil(size / max(16, z // 2 // 16 * 16))
+        chunks = staged_chunks(op, size, n, m)
         fixed = 0.0
         copies = size / g / copy if zero else size / copy + (2 if n > 1 else 1) * size / g / copy
         steps = 1 if zero and not pipelined else chunks
@@ -212,7 +226,7 @@ def zero_copy_time(op: str, size: float, nodes: int, m: Machine) -> float:
     cuda-zero-copy-pipelined (with SMDDP_CUDA_PIPELINE, over the rails): the
     staged path's chunks, a rail call each on a stream of its own, so the
     slower stage plus one chunk of the faster."""
-    n, g, z = nodes, m.gpus_per_node, m.staging_bytes
+    n, g = nodes, m.gpus_per_node
     nv, share = m.nvlink_gbs * 1e9, m.nic_share_gbs * 1e9
     copy = m.copy_gbs * 1e9 if m.copy_gbs else math.inf
     meeting, alpha = m.sync_us * 1e-6 / 2, m.alpha_inter_us * 1e-6
@@ -223,7 +237,7 @@ def zero_copy_time(op: str, size: float, nodes: int, m: Machine) -> float:
         # into the output, each peer's rail blocks from the peer's output
         # (a mapped step of two meetings, pipelined one per chunk of Z/N of
         # each block; on one node one meeting).
-        chunks = math.ceil(block / max(1, z // n)) if pipelined else 1
+        chunks = staged_chunks(op, size, n, m) if pipelined else 1
         fixed = block / copy + meeting
         node = (2 * chunks if n > 1 else 1) * meeting + (g - 1) * n * block / nv
         rail = chunks * (n - 1) * alpha + (n - 1) * block / share
@@ -232,7 +246,7 @@ def zero_copy_time(op: str, size: float, nodes: int, m: Machine) -> float:
         # Z/(N*G) of each block) reducing the rail's N blocks of every peer's
         # input into the partials, then the rail's ReduceScatter of them (of
         # each chunk's).
-        chunks = math.ceil(block / max(16, z // (n * g) // 16 * 16)) if pipelined else 1
+        chunks = staged_chunks(op, size, n, m) if pipelined else 1
         fixed = 2 * meeting
         node = (g - 1) * n * block / nv
         rail = chunks * (n - 1) * alpha + (n - 1) * block / share
