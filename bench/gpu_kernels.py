@@ -71,7 +71,18 @@ def main(argv: list[str] | None = None) -> int:
             raise SystemExit(f"{what}: {r.error or f'{r.wrong} wrong elements'}")
         return moved / statistics.median(r.samples) / 1e9
 
-    rows = []
+    device = torch.cuda.get_device_name(0)
+    rows: list[dict[str, Any]] = []
+
+    def save() -> None:
+        """The record of the rows so far: a run cut short keeps them."""
+        if args.json:
+            rec = record.new("gpu-kernels", ["python", "bench/gpu_kernels.py", *(argv or sys.argv[1:])],
+                             vars(args), how, device=device, results=rows)  # fmt: skip
+            rec["machine"].update(device="cuda", gpus=[device])
+            record.write(rec, args.json)
+
+    print(f"# {device}; GB/s = bytes read + written per second / 1e9\n# {how.describe()}", flush=True)
     for dtype in (torch.float32, torch.bfloat16):
         for nbytes in sizes:
             for off in offsets:
@@ -88,20 +99,16 @@ def main(argv: list[str] | None = None) -> int:
                     rows.append({"dtype": str(dtype).split(".")[-1], "bytes": nbytes, "offset": off,
                                  "copy_gbps": copy_bw, "blocks": nb, "reduce_gbps": red_bw,
                                  "ratio": red_bw / copy_bw})  # fmt: skip
+                    print(f"# {rows[-1]['dtype']} {nbytes} B offset {off}: copy {copy_bw:.1f} GB/s, {nb} blocks "
+                          f"{red_bw:.1f} GB/s ({red_bw / copy_bw:.2f})", flush=True)
                 del xs, ys, outs, want
                 torch.cuda.empty_cache()
-    device = torch.cuda.get_device_name(0)
+                save()
     cols = [table.Column("dtype"), table.Column("bytes"), table.Column("offset"),
             table.Column("copy", "(GB/s)", "{:.1f}"),
             table.Column("blocks"), table.Column("reduce", "(GB/s)", "{:.1f}"),
             table.Column("ratio", fmt="{:.2f}")]  # fmt: skip
-    print(f"# {device}; GB/s = bytes read + written per second / 1e9\n# {how.describe()}")
     print(table.text(cols, [list(r.values()) for r in rows]))
-    if args.json:
-        rec = record.new("gpu-kernels", ["python", "bench/gpu_kernels.py", *(argv or sys.argv[1:])],
-                         vars(args), how, device=device, results=rows)  # fmt: skip
-        rec["machine"].update(device="cuda", gpus=[device])
-        record.write(rec, args.json)
     return 0
 
 

@@ -105,7 +105,18 @@ def main(argv: list[str] | None = None) -> int:
         return 1
     nbytes = parse_size(args.bytes)
     ctx = mp.get_context("spawn")
-    rows = []
+    device = torch.cuda.get_device_name(0)
+    how = timing.Timing(timing.BARRIER_EACH, warmup=5, block_warmup=0, iters=args.iters, rounds=1)
+    rows: list[dict] = []
+
+    def save() -> None:
+        """The record of the modes so far: a run cut short keeps them."""
+        if args.json:
+            rec = record.new("gpu-latency", ["python", "bench/gpu_latency.py", *(argv or sys.argv[1:])],
+                             vars(args), how, device=device, results=rows)  # fmt: skip
+            rec["machine"].update(device="cuda", gpus=[device])
+            record.write(rec, args.json)
+
     for mode in args.modes.split(","):
         q = ctx.Queue()
         init = "file://" + tempfile.mktemp(prefix="smddp-latency-")
@@ -120,17 +131,13 @@ def main(argv: list[str] | None = None) -> int:
                 pr.join(timeout=30)
                 if pr.is_alive():
                     pr.kill()
-    device = torch.cuda.get_device_name(0)
+        r = rows[-1]
+        print(f"# {mode}: {r['latency_us']:.1f} us{'' if r['ok'] else ' WRONG'}", flush=True)
+        save()
     cols = [table.Column("mode"), table.Column("bytes"), table.Column("latency", "(us)", "{:.1f}"),
             table.Column("ok")]
     print(f"# small CUDA AllReduce, {args.nproc} ranks sharing {device} (one GPU's time slices, not NVLink)")
     print(table.text(cols, [[r["mode"], r["bytes"], r["latency_us"], "yes" if r["ok"] else "NO"] for r in rows]))
-    if args.json:
-        how = timing.Timing(timing.BARRIER_EACH, warmup=5, block_warmup=0, iters=args.iters, rounds=1)
-        rec = record.new("gpu-latency", ["python", "bench/gpu_latency.py", *(argv or sys.argv[1:])],
-                         vars(args), how, device=device, results=rows)  # fmt: skip
-        rec["machine"].update(device="cuda", gpus=[device])
-        record.write(rec, args.json)
     return 0 if all(r["ok"] for r in rows) else 3
 
 

@@ -19,8 +19,8 @@ script uses them to fit every test into one short run):
 
 - ``SMDDP_TEST_TIMEOUT_SCALE`` (a positive float, default 1) multiplies every
   bound the harness applies: rank start-up, each call, closing, and the
-  process group's own timeout, so that their order (the group's timeout
-  fires before the harness gives up) is kept.
+  process group's own timeout (not below 5 s), so that their order (the
+  group's timeout fires before the harness gives up) is kept.
 - ``SMDDP_TEST_STACK_DUMPS=1`` makes every rank register
   ``faulthandler`` for SIGUSR1 (all threads, to the rank's stderr); before it
   kills a pool whose ranks are silent, the harness sends them SIGUSR1 and
@@ -141,11 +141,16 @@ class RankPool:
         child_env.setdefault("OMP_NUM_THREADS", "1")
         self._conns = []
         self._procs = []
+        # The group's own timeout also bounds its set-up (rendezvous, device
+        # communicators), which a loaded machine slows: scaled down, it stops
+        # at the 5 s a test may ask for, so that a shorter bound fails set-up
+        # rather than the collective the test is about.
+        group_timeout = max(_scaled(pg_timeout), min(pg_timeout, 5.0))
         for rank in range(world):
             parent, child = self._ctx.Pipe()
             p = self._ctx.Process(
                 target=_rank_main,
-                args=(rank, world, child, child_env, self._init_file, backend, _scaled(pg_timeout)),
+                args=(rank, world, child, child_env, self._init_file, backend, group_timeout),
                 daemon=True,
                 name=f"rank{rank}",
             )

@@ -398,9 +398,9 @@ def test_smoke_script_survives_a_hung_op(tmp_path):
 
 
 def test_the_bench_summaries_read_the_records_the_benches_write(tmp_path):
-    """The one-line results of bench-collectives and bench-kernels come from
-    the records' points, as smddp.bench.record writes them: a change of the
-    record's layout fails here, not on the device."""
+    """The one-line results of bench-collectives, bench-kernels and
+    bench-latency come from the records' points, as smddp.bench.record writes
+    them: a change of the record's layout fails here, not on the device."""
     from smddp.bench import record, timing
 
     points = [record.point(b, op, "float32", "sum", 2, size, timing.Result(samples=[1e-3, 2e-3], iters=2))
@@ -423,4 +423,24 @@ def test_the_bench_summaries_read_the_records_the_benches_write(tmp_path):
     record.write(record.new("gpu-kernels", ["gpu_kernels.py"], {}, results=rows), str(tmp_path / "k.json"))
     assert gpu_check._kernel_bench_reason(str(tmp_path / "k.json")) == (
         "float32 256 MiB: 80 % of copy (2400 against 3000 GB/s, 32 blocks)")
+    rows = [{"mode": "host", "bytes": 4096, "latency_us": 41.3, "ok": True},
+            {"mode": "device+graph", "bytes": 4096, "latency_us": 9.0, "ok": False}]
+    record.write(record.new("gpu-latency", ["gpu_latency.py"], {}, results=rows), str(tmp_path / "l.json"))
+    assert gpu_check._latency_reason(str(tmp_path / "l.json")) == "host 41.3 us, device+graph 9.0 us WRONG"
     assert gpu_check._collectives_reason(str(tmp_path / "missing.json")) is None
+    assert gpu_check._latency_reason(str(tmp_path / "missing.json")) is None
+
+
+def test_the_longest_tests_start_first(tmp_path):
+    """The tests step starts the test ids with the longest timeout marks
+    first (ties in file order), those without a mark last."""
+    (tmp_path / "test_t.py").write_text(
+        "import pytest\n\ndef test_short():\n    pass\n\n"
+        "@pytest.mark.timeout(300)\n@pytest.mark.parametrize('x', [0, 1])\ndef test_long(x):\n    pass\n\n"
+        "@pytest.mark.timeout(100)\ndef test_mid():\n    pass\n")
+    ids = ["test_t.py::test_short", "test_t.py::test_long[0]", "test_t.py::test_long[1]", "test_t.py::test_mid"]
+    assert gpu_check.longest_first(ids, str(tmp_path)) == [
+        "test_t.py::test_long[0]", "test_t.py::test_long[1]", "test_t.py::test_mid", "test_t.py::test_short"]
+    # The GPU tests' own marks are read.
+    marks = gpu_check.timeout_marks(os.path.join(ROOT, "tests", "test_cuda.py"))
+    assert marks["test_cuda_rails_zero_copy_on_one_gpu"] > marks["test_cuda_graph_capture"] > 0

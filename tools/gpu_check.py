@@ -27,14 +27,15 @@ left of the deadline once the later steps' minimums are set aside:
     kernel        tests/test_cuda_kernel.py: the reduction kernel against the
                   CPU reduction, bit for bit
     smoke         tests/gpu_smoke.py: each native op, 2 ranks sharing GPU 0
-    sanitizer     compute-sanitizer memcheck (then racecheck) on the kernel
-                  test, after a probe; "skipped: runtime" where it cannot run
-    tests         each GPU test id (tests/test_cuda.py, and kernel tests the
-                  kernel step left without a verdict) in its own pytest;
-                  those of tests/test_cuda.py three at a time (--test-jobs)
     bench-kernels      bench/gpu_kernels.py --json $OUT/kernels.json
     bench-collectives  bench/gpu_collectives.py --nproc 2 --json $OUT/collectives.json
     bench-latency      bench/gpu_latency.py --nproc 2 --json $OUT/latency.json
+    tests         each GPU test id (tests/test_cuda.py, and kernel tests the
+                  kernel step left without a verdict) in its own pytest;
+                  those of tests/test_cuda.py three at a time (--test-jobs),
+                  the longest first (by their pytest timeout marks)
+    sanitizer     compute-sanitizer memcheck (then racecheck) on the kernel
+                  test, after a probe; "skipped: runtime" where it cannot run
 
 Every step runs in child processes whose output goes straight to the step's
 own log file (no pipe that a kill could cut). A child that outlives its cap
@@ -658,6 +659,42 @@ def collect_ids(run: StepRun, files: list[str], cwd: str = ROOT) -> list[str]:
     return ids
 
 
+def timeout_marks(path: str) -> dict[str, float]:
+    """Each test function's ``@pytest.mark.timeout(N)`` in the file at path."""
+    import ast
+
+    with open(path) as f:
+        tree = ast.parse(f.read(), path)
+    marks = {}
+    for fn in tree.body:
+        if isinstance(fn, ast.FunctionDef):
+            for d in fn.decorator_list:
+                if (isinstance(d, ast.Call) and ast.unparse(d.func) == "pytest.mark.timeout" and d.args
+                        and isinstance(d.args[0], ast.Constant)):
+                    marks[fn.name] = float(d.args[0].value)
+    return marks
+
+
+def longest_first(ids: list[str], root: str) -> list[str]:
+    """Test ids by their timeout marks, the longest first (ties in file
+    order): started first, the long tests are not cut by the step's end, and
+    the short ones fill the job slots around them."""
+    marks: dict[str, dict[str, float]] = {}
+    for node in ids:
+        file = node.split("::", 1)[0]
+        if file not in marks:
+            try:
+                marks[file] = timeout_marks(os.path.join(root, file))
+            except (OSError, SyntaxError):
+                marks[file] = {}
+
+    def bound(node: str) -> float:
+        file, name = node.split("::", 1)
+        return marks[file].get(name.split("[", 1)[0], 0.0)
+
+    return sorted(ids, key=lambda node: -bound(node))
+
+
 def _short(node: str) -> str:
     """A test id without its folder: test_cuda.py::test_x[2]."""
     return node.split("/", 1)[-1]
@@ -690,7 +727,7 @@ def step_tests(check: "Check", run: StepRun):
         return verdict(out, junit)
 
     kernel = check.kernel_file + "::"
-    alone = [i for i in ids if not i.startswith(kernel)]
+    alone = longest_first([i for i in ids if not i.startswith(kernel)], check.test_root)
     seen = set(check.kernel_verdicts)
     pending = [i for i in ids if i.startswith(kernel) and i not in seen]
     run.details["alone"] = alone
@@ -805,19 +842,38 @@ def _collectives_reason(path: str) -> str | None:
         return None
 
 
+def _latency_reason(path: str) -> str | None:
+    """Each mode's latency (a gpu-latency record's results)."""
+    try:
+        with open(path) as f:
+            rows = json.load(f)["results"]
+        return ", ".join(f"{r['mode']} {r['latency_us']:.1f} us{'' if r['ok'] else ' WRONG'}" for r in rows) or None
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
+
+
+# The benchmarks write their records as they go: one killed at its cap still
+# says what it measured.
+def _fresh(path: str) -> str:
+    """path, with no record of an earlier run left at it."""
+    if os.path.exists(path):
+        os.remove(path)
+    return path
+
+
 def step_bench_kernels(check: "Check", run: StepRun):
-    path = os.path.join(check.out, "kernels.json")
+    path = _fresh(os.path.join(check.out, "kernels.json"))
     out = run.python([os.path.join("bench", "gpu_kernels.py"), "--json", path])
-    summary = _kernel_bench_reason(path) if out.ok else None
+    summary = _kernel_bench_reason(path)
     if out.timed_out:
-        return TIMEOUT, out.describe()
+        return TIMEOUT, out.describe() + (f"; so far: {summary}" if summary else "")
     if not out.ok:
         return FAIL, f"{out.describe()}: {_bench_line(run.output(out))}"
     return OK, summary or _bench_line(run.output(out))
 
 
 def step_bench_collectives(check: "Check", run: StepRun):
-    path = os.path.join(check.out, "collectives.json")
+    path = _fresh(os.path.join(check.out, "collectives.json"))
     out = run.python([os.path.join("bench", "gpu_collectives.py"), "--nproc", "2", "--json", path])
     if out.timed_out:
         return TIMEOUT, out.describe()
@@ -827,13 +883,14 @@ def step_bench_collectives(check: "Check", run: StepRun):
 
 
 def step_bench_latency(check: "Check", run: StepRun):
-    path = os.path.join(check.out, "latency.json")
+    path = _fresh(os.path.join(check.out, "latency.json"))
     out = run.python([os.path.join("bench", "gpu_latency.py"), "--nproc", "2", "-n", "100", "--json", path])
+    summary = _latency_reason(path)
     if out.timed_out:
-        return TIMEOUT, out.describe()
+        return TIMEOUT, out.describe() + (f"; so far: {summary}" if summary else "")
     if not out.ok:
-        return FAIL, f"{out.describe()}: {_bench_line(run.output(out))}"
-    return OK, "4 KiB AllReduce, 2 ranks sharing the GPU: " + _bench_line(run.output(out))
+        return FAIL, f"{out.describe()}: {summary or _bench_line(run.output(out))}"
+    return OK, "4 KiB AllReduce, 2 ranks sharing the GPU: " + (summary or _bench_line(run.output(out)))
 
 
 STEPS = [
@@ -844,14 +901,17 @@ STEPS = [
     Step("import", step_import, cap_s=40, min_s=10, doc="smddp and its CUDA module"),
     Step("kernel", step_kernel, cap_s=90, min_s=20, gpu=True, needs=("import",), doc="the reduction kernel, bit for bit"),
     Step("smoke", step_smoke, cap_s=60, min_s=20, gpu=True, needs=("import",), doc="each native op, 2 ranks"),
-    Step("sanitizer", step_sanitizer, cap_s=90, min_s=20, gpu=True, needs=("import",), doc="compute-sanitizer"),
-    Step("tests", step_tests, cap_s=200, min_s=60, gpu=True, needs=("import",), doc="each GPU test id alone, --test-jobs at a time"),
+    # The benchmarks give the numbers a GPU run is for and end by themselves;
+    # the tests step can use any time it gets, so it comes after them and
+    # takes what is left.
     Step("bench-kernels", step_bench_kernels, cap_s=60, min_s=30, gpu=True, needs=("import",),
          doc="bench/gpu_kernels.py"),
-    Step("bench-collectives", step_bench_collectives, cap_s=120, min_s=45, gpu=True, needs=("import",),
+    Step("bench-collectives", step_bench_collectives, cap_s=120, min_s=60, gpu=True, needs=("import",),
          doc="bench/gpu_collectives.py --nproc 2 (staged and zero-copy)"),
-    Step("bench-latency", step_bench_latency, cap_s=90, min_s=20, gpu=True, needs=("import",),
+    Step("bench-latency", step_bench_latency, cap_s=90, min_s=50, gpu=True, needs=("import",),
          doc="bench/gpu_latency.py --nproc 2"),
+    Step("tests", step_tests, cap_s=200, min_s=60, gpu=True, needs=("import",), doc="each GPU test id alone, --test-jobs at a time"),
+    Step("sanitizer", step_sanitizer, cap_s=90, min_s=20, gpu=True, needs=("import",), doc="compute-sanitizer"),
 ]
 
 
@@ -1106,7 +1166,7 @@ def parse_args(argv: list[str] | None = None):
     p.add_argument("--skip", help="leave these steps out (comma-separated)")
     p.add_argument("--list", action="store_true", help="list the steps and exit")
     p.add_argument("--force-gpu-steps", action="store_true", help="run the GPU steps even where no GPU is seen")
-    p.add_argument("--test-cap-s", type=float, default=100.0, help="the cap of one test id in the tests step")
+    p.add_argument("--test-cap-s", type=float, default=150.0, help="the cap of one test id in the tests step")
     p.add_argument("--test-jobs", type=int, default=3, help="test ids the tests step runs side by side (default 3)")
     p.add_argument("--test-timeout-scale", type=float, default=0.5,
                    help="SMDDP_TEST_TIMEOUT_SCALE for the tests step (default 0.5: the harness gives up on a "
