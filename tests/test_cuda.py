@@ -591,12 +591,54 @@ def test_cuda_one_shot_allreduce(pools):
 
 
 @pytest.mark.timeout(150)
-def test_cuda_graph_capture(pools):
+@pytest.mark.parametrize("batch", ["0", "1"])
+def test_cuda_graph_capture(pools, batch):
+    """Capture with device flags; with SMDDP_CUDA_BATCH_COPIES=1 the copies
+    of a captured call go one after another (a graph has no batch node)."""
     if not torch.cuda.is_available():
         pytest.skip("no GPU")
     per_gpu = max(1, 2 // torch.cuda.device_count())
-    pool = pools(2, SMDDP_CUDA_RANKS_PER_GPU=str(per_gpu), SMDDP_CUDA_SYNC="device")
+    pool = pools(2, SMDDP_CUDA_RANKS_PER_GPU=str(per_gpu), SMDDP_CUDA_SYNC="device", SMDDP_CUDA_BATCH_COPIES=batch)
     for failures in pool.run(case_graph_capture, timeout=120):
+        assert failures == []
+
+
+def case_capture_refused() -> list[str]:
+    """A capture of a collective whose node meets in host rounds: refused on
+    every rank with what to set, before anything joins the capture; the
+    group goes on."""
+    rank, world = dist.get_rank(), dist.get_world_size()
+    x = torch.ones(1024, device=_device())
+    dist.all_reduce(x)
+    torch.cuda.synchronize()
+    failures, messages = [], []
+    graph = torch.cuda.CUDAGraph()
+    try:
+        with torch.cuda.graph(graph, capture_error_mode="thread_local"):
+            dist.all_reduce(x)
+    except Exception as e:  # the refusal, or a capture error chained to it
+        while e is not None:
+            messages.append(str(e))
+            e = e.__context__
+    text = " | ".join(messages)
+    if "captured into a CUDA graph" not in text or "SMDDP_CUDA_SYNC=device" not in text or f"rank {rank}" not in text:
+        failures.append(f"no refusal naming the rank and SMDDP_CUDA_SYNC=device: {text or 'the capture succeeded'}")
+    x.fill_(float(rank))
+    dist.all_reduce(x)
+    torch.cuda.synchronize()
+    want = float(sum(range(world)))
+    if not torch.all(x == want):
+        failures.append(f"after the refusal: {x[:2].tolist()}, expected {want}")
+    return failures
+
+
+@pytest.mark.timeout(100)
+def test_cuda_capture_needs_device_sync(pools):
+    if not torch.cuda.is_available():
+        pytest.skip("no GPU")
+    per_gpu = max(1, 2 // torch.cuda.device_count())
+    pool = pools(2, SMDDP_CUDA_RANKS_PER_GPU=str(per_gpu))
+    for failures in pool.run(case_capture_refused, timeout=90):
         assert failures == []
 
 

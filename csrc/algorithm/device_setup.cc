@@ -45,6 +45,18 @@ std::string deviceWaitsOn(DeviceMode mode, const topology::Topology& topo) {
   return std::string();
 }
 
+std::string captureRefusal(DeviceMode mode, bool device_sync, int local_size) {
+  if (mode == DeviceMode::kHostStaging) {
+    return "this group's CUDA collectives stage through the host, which the CPU runs: run it outside the capture";
+  }
+  if (!device_sync && local_size > 1) {
+    return str("the ", local_size, " ranks of its node meet in host rounds: ",
+               deviceSyncServes(local_size) ? std::string("set SMDDP_CUDA_SYNC=device on every rank")
+                                            : str("nodes of more than ", kMaxDeviceSources, " ranks cannot be captured"));
+  }
+  return std::string();
+}
+
 const char* deviceModeName(DeviceMode mode) {
   switch (mode) {
     case DeviceMode::kNode:

@@ -48,6 +48,17 @@ const char* deviceModeName(DeviceMode mode);
 // timeout ("" for host staging, whose waits name their peers themselves).
 std::string deviceWaitsOn(DeviceMode mode, const topology::Topology& topo);
 
+// Whether SMDDP_CUDA_SYNC=device serves a node of `local_size` ranks: a
+// device-side step waits on at most kMaxDeviceSources peers' flags.
+inline bool deviceSyncServes(int local_size) {
+  return local_size <= kMaxDeviceSources;
+}
+
+// Why a collective of a communicator in `mode` cannot be captured in a CUDA
+// graph, as the end of a sentence ("" if it can): a graph replays what the
+// GPU does, not the rounds of the host threads.
+std::string captureRefusal(DeviceMode mode, bool device_sync, int local_size);
+
 struct DevicePlan {
   DeviceMode mode = DeviceMode::kHostStaging;
   // Every store key of the communicator begins with it.

@@ -147,11 +147,12 @@ constexpr int kYieldUsOversubscribed = 2000;
     "How the ranks of a node meet between the steps of a CUDA collective: "    \
     "host (events, and rounds of the host threads) or device (flags written "  \
     "and awaited by kernels on the stream: the host only enqueues, and a "     \
-    "collective can be captured in a CUDA graph).")                            \
+    "collective can be captured in a CUDA graph; nodes of at most 16 ranks, "   \
+    "larger ones meet in host rounds).")                                       \
   X(cuda_batch_copies, "SMDDP_CUDA_BATCH_COPIES", false, bool, "0", "",                \
     "Copy to or from every node peer at once, in one batch the copy engines "   \
-    "may run side by side (cudaMemcpyBatchAsync), instead of one copy after "  \
-    "another.")                                                               \
+    "may run side by side (cudaMemcpyBatchAsync, CUDA 12.8 or later; not in "  \
+    "a CUDA graph), instead of one copy after another.")                      \
   X(cuda_oneshot_bytes, "SMDDP_CUDA_ONESHOT_BYTES", true, bytes, "0", "0..4G",        \
     "A one-node AllReduce of at most this size (and of the staging buffer) "   \
     "reduces every peer's whole input on every rank: one step between the "    \

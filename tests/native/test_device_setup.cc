@@ -223,6 +223,21 @@ SMDDP_TEST(nodes_beyond_one_kernel_reduce_elsewhere) {
   }
 }
 
+SMDDP_TEST(a_capture_is_refused_where_the_host_takes_part) {
+  using algorithm::captureRefusal;
+  // The host only enqueues: device flags, or no node peer to meet.
+  EXPECT_EQ(captureRefusal(DeviceMode::kNode, true, 8), std::string());
+  EXPECT_EQ(captureRefusal(DeviceMode::kRails, true, 16), std::string());
+  EXPECT_EQ(captureRefusal(DeviceMode::kRails, false, 1), std::string());
+  // Host rounds: what to set, or that nothing can be set.
+  EXPECT_TRUE(captureRefusal(DeviceMode::kNode, false, 2).find("set SMDDP_CUDA_SYNC=device") != std::string::npos);
+  EXPECT_TRUE(algorithm::deviceSyncServes(16) && !algorithm::deviceSyncServes(17));
+  const std::string big = captureRefusal(DeviceMode::kRails, false, 17);
+  EXPECT_TRUE(big.find("more than 16 ranks") != std::string::npos && big.find("SMDDP_CUDA_SYNC") == std::string::npos);
+  // Host staging, whatever the synchronization.
+  EXPECT_TRUE(captureRefusal(DeviceMode::kHostStaging, true, 1).find("through the host") != std::string::npos);
+}
+
 SMDDP_TEST(a_stuck_device_collective_names_what_it_waits_on) {
   // Node 1 of 2 x 2, local rank 1 (rank 3): its node's other rank and its rail.
   const std::string rails = algorithm::deviceWaitsOn(DeviceMode::kRails, shape(3, 4, 2));

@@ -108,7 +108,14 @@ CudaCommunicator::CudaCommunicator(
   node_ = std::make_unique<NodeCollectives>(*arena_, config);
   c.arena = arena_.get();
   c.node = node_.get();
-  if (config.cuda_sync == "device") {
+  // The device-side steps wait on at most kMaxDeviceSources peers' flags;
+  // a larger node meets in host rounds.
+  const bool device_sync = config.cuda_sync == "device" && deviceSyncServes(topology.localSize());
+  if (config.cuda_sync == "device" && !device_sync && topology.myLocalRank() == 0) {
+    SMDDP_LOG(kWarn, "rank ", topology.rank(), ": SMDDP_CUDA_SYNC=device serves nodes of at most ", kMaxDeviceSources,
+              " ranks; this node has ", topology.localSize(), ", whose ranks meet in host rounds (no CUDA graph capture)");
+  }
+  if (device_sync) {
     cudaCheck(cudaMalloc(reinterpret_cast<void**>(&sync_counter_), sizeof(uint64_t)), "cudaMalloc of the sync counter");
     cudaCheck(cudaMemset(sync_counter_, 0, sizeof(uint64_t)), "cudaMemset of the sync counter");
     cudaCheck(cudaHostAlloc(reinterpret_cast<void**>(&sync_words_), sizeof(SyncWords), cudaHostAllocMapped),
@@ -260,6 +267,14 @@ void CudaCommunicator::checkDevice(const OpArgs& args) {
     SMDDP_THROW(kComm, "cuda:", ctx_->device, " reported an error from earlier work before ",
                 collectiveName(args.kind), " #", args.seq, " started: ", cudaGetErrorName(earlier), " (",
                 cudaGetErrorString(earlier), "); find the kernel or copy that failed (CUDA_LAUNCH_BLOCKING=1)");
+  }
+}
+
+void CudaCommunicator::checkCapture(const OpArgs& args) const {
+  const std::string why = captureRefusal(plan_.mode, ctx_->device_sync, ctx_->topo.localSize());
+  if (!why.empty()) {
+    SMDDP_THROW(kInvalidArgument, collectiveName(args.kind), " #", args.seq, " on rank ", ctx_->topo.rank(), " (cuda:",
+                ctx_->device, ") is being captured into a CUDA graph, but ", why);
   }
 }
 

@@ -82,6 +82,10 @@ class CudaCommunicator {
   DeviceMode mode() const {
     return plan_.mode;
   }
+  // Before a collective the caller's stream is capturing into a CUDA graph,
+  // and before anything joins the capture: throws unless the schedule
+  // enqueues the whole collective without host rounds.
+  void checkCapture(const OpArgs& args) const;
   // From any thread: waits in the node arena and NCCL operations fail.
   void abort(const std::string& why);
   // NCCL's asynchronous error on the rail, "" if none (from any thread).

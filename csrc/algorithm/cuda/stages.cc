@@ -18,6 +18,16 @@ void copyAsync(void* dst, const void* src, size_t bytes, cudaStream_t s) {
   }
 }
 
+#if CUDART_VERSION >= 12080
+namespace {
+bool capturing(cudaStream_t s) {
+  cudaStreamCaptureStatus capture = cudaStreamCaptureStatusNone;
+  cudaCheck(cudaStreamIsCapturing(s, &capture), "cudaStreamIsCapturing");
+  return capture != cudaStreamCaptureStatusNone;
+}
+} // namespace
+#endif
+
 void copyBatch(
     const DeviceContext& ctx,
     const std::vector<void*>& dsts,
@@ -37,15 +47,28 @@ void copyBatch(
   if (d.empty()) {
     return;
   }
-  if (ctx.config.cuda_batch_copies && d.size() > 1) {
+#if CUDART_VERSION >= 12080
+  // A CUDA graph has no node for a batch of copies: captured, they go one
+  // after another. (Toolkits before 12.8 have no batch.)
+  if (ctx.config.cuda_batch_copies && d.size() > 1 && !capturing(s)) {
     // Every source is ready in stream order (the stream waited for it).
     cudaMemcpyAttributes attr{};
     attr.srcAccessOrder = cudaMemcpySrcAccessOrderStream;
     size_t first = 0;
+#if CUDART_VERSION >= 13000
     cudaCheck(cudaMemcpyBatchAsync(d.data(), from.data(), n.data(), d.size(), &attr, &first, 1, s),
               "cudaMemcpyBatchAsync");
+#else
+    size_t failed = 0;
+    cudaCheck(cudaMemcpyBatchAsync(d.data(), const_cast<void**>(from.data()), n.data(), d.size(), &attr, &first, 1,
+                                   &failed, s),
+              "cudaMemcpyBatchAsync");
+#endif
     return;
   }
+#else
+  (void)ctx;
+#endif
   for (size_t i = 0; i < d.size(); ++i) {
     copyAsync(d[i], from[i], n[i], s);
   }

@@ -223,7 +223,11 @@ DevicePath::Call CudaPath::prepare(
   c10::cuda::CUDAStream comm = streamFor(device);
   // The communication stream starts after what the caller enqueued so far.
   auto ready = std::make_shared<at::cuda::CUDAEvent>(cudaEventDisableTiming);
-  ready->record(c10::cuda::getCurrentCUDAStream(device));
+  const c10::cuda::CUDAStream caller = c10::cuda::getCurrentCUDAStream(device);
+  cudaStreamCaptureStatus capture = cudaStreamCaptureStatusNone;
+  C10_CUDA_CHECK(cudaStreamIsCapturing(caller.stream(), &capture));
+  const bool captured = capture != cudaStreamCaptureStatusNone;
+  ready->record(caller);
   // The allocator must not reuse these tensors' memory before the
   // communication stream is done with them.
   for (const auto& t : inputs) {
@@ -242,14 +246,18 @@ DevicePath::Call CudaPath::prepare(
   FlightRecorder* recorder = args_.recorder;
   const std::string who = args_.who;
   Call call;
-  call.body = [self, kind, args = traced_args, inputs, outputs, device, comm, ready, end, state, recorder, record, who](
-                  uint64_t seq, const Deadline& deadline) {
+  call.body = [self, kind, args = traced_args, inputs, outputs, device, comm, ready, end, state, recorder, record, who,
+               captured](uint64_t seq, const Deadline& deadline) {
     c10::cuda::CUDAGuard g(device);
-    ready->block(comm);
     algorithm::OpArgs a = args;
     a.seq = seq;
     a.deadline = deadline;
     auto& cc = self->commFor(device);
+    if (captured) {
+      // Refused before the communication stream joins the capture.
+      cc.checkCapture(a);
+    }
+    ready->block(comm);
     switch (kind) {
       case CollectiveKind::kAllGather:
         cc.allGather(a, comm.stream());
