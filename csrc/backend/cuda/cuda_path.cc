@@ -6,6 +6,7 @@
 #include <c10/cuda/CUDAGuard.h>
 
 #include <cstdlib>
+#include <stdexcept>
 #include <thread>
 
 #include "algorithm/cuda/device_reduce.h"
@@ -288,9 +289,17 @@ DevicePath::Call CudaPath::prepare(
     item.stuck = [waits = cc.waitsOn(), dump = self->dump_advice_] {
       return waits->empty() ? *dump : str(*waits, "; ", *dump);
     };
-    item.done = [end, recorder, record] {
+    // The end event also fires after a device-side wait gave up (its peer
+    // never came, and the steps after it ran on what was there): the call
+    // completes only if no wait did. The watchdog is stopped before the
+    // communicators are destroyed.
+    item.done = [end, recorder, record, comm_of_call = &cc] {
       if (!end->query()) {
         return false;
+      }
+      const std::string why = comm_of_call->asyncError();
+      if (!why.empty()) {
+        throw std::runtime_error(why);
       }
       if (recorder != nullptr) {
         recorder->completed(record);
