@@ -502,14 +502,14 @@ def test_cuda_batched_copies(pools):
         assert failures == []
 
 
-def _captured_allreduce(n: int) -> tuple[torch.cuda.CUDAGraph, torch.Tensor]:
+def _captured_allreduce(n: int, mode: str = "thread_local") -> tuple[torch.cuda.CUDAGraph, torch.Tensor]:
     """A native AllReduce of n floats captured in a CUDA graph (the
     communicator made by an eager call first, outside the capture)."""
     x = torch.zeros(n, device=_device())
     dist.all_reduce(x)
     torch.cuda.synchronize()
     graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph, capture_error_mode="thread_local"):
+    with torch.cuda.graph(graph, capture_error_mode=mode):
         dist.all_reduce(x)
     return graph, x
 
@@ -530,10 +530,15 @@ def _replay_failures(graph: torch.cuda.CUDAGraph, x: torch.Tensor, rounds: int, 
     return failures
 
 
-def case_graph_capture() -> list[str]:
+def case_graph_capture(modes: tuple[str, ...] = ("thread_local",)) -> list[str]:
     """A native AllReduce captured in a CUDA graph and replayed: the ranks
-    meet through device flags, so each replay synchronizes them anew."""
-    return _replay_failures(*_captured_allreduce(1024), rounds=4)  # 4 KiB
+    meet through device flags, so each replay synchronizes them anew. In
+    torch's default (global) capture mode, the backend's own threads'
+    allocations and event queries must not break the capture."""
+    failures = []
+    for mode in modes:
+        failures += [f"{mode}: {f}" for f in _replay_failures(*_captured_allreduce(1024, mode), rounds=4)]  # 4 KiB
+    return failures
 
 
 @pytest.mark.timeout(200)
@@ -599,7 +604,7 @@ def test_cuda_graph_capture(pools, batch):
         pytest.skip("no GPU")
     per_gpu = max(1, 2 // torch.cuda.device_count())
     pool = pools(2, SMDDP_CUDA_RANKS_PER_GPU=str(per_gpu), SMDDP_CUDA_SYNC="device", SMDDP_CUDA_BATCH_COPIES=batch)
-    for failures in pool.run(case_graph_capture, timeout=120):
+    for failures in pool.run(case_graph_capture, ("thread_local", "global"), timeout=120):
         assert failures == []
 
 

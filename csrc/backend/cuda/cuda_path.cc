@@ -19,6 +19,20 @@ namespace smddp {
 
 namespace {
 
+// A capture in torch's default (global) mode forbids, on every thread whose
+// own mode is global, the calls that might synchronize: allocations, event
+// queries. This backend's threads make such calls (a communicator's
+// buffers, the watchdog's queries) only on memory and events outside any
+// capture's stream order, so each of them takes the relaxed mode once.
+void relaxCaptureMode() {
+  thread_local bool relaxed = false;
+  if (!relaxed) {
+    cudaStreamCaptureMode mode = cudaStreamCaptureModeRelaxed;
+    C10_CUDA_CHECK(cudaThreadExchangeStreamCaptureMode(&mode));
+    relaxed = true;
+  }
+}
+
 // Torch reports a segment's free to its trace trackers before it frees it,
 // so that zero-copy peers close their mappings first (CUDA IPC requires
 // it). Attached once, for the process's life (torch has no detach), and
@@ -249,6 +263,7 @@ DevicePath::Call CudaPath::prepare(
   Call call;
   call.body = [self, kind, args = traced_args, inputs, outputs, device, comm, ready, end, state, recorder, record, who,
                captured](uint64_t seq, const Deadline& deadline) {
+    relaxCaptureMode();
     c10::cuda::CUDAGuard g(device);
     algorithm::OpArgs a = args;
     a.seq = seq;
@@ -294,6 +309,7 @@ DevicePath::Call CudaPath::prepare(
     // completes only if no wait did. The watchdog is stopped before the
     // communicators are destroyed.
     item.done = [end, recorder, record, comm_of_call = &cc] {
+      relaxCaptureMode();
       if (!end->query()) {
         return false;
       }
