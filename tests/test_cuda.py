@@ -8,6 +8,7 @@ deterministic inputs (float64 on the GPU, rounded to the dtype).
 
 from __future__ import annotations
 
+import gc
 import glob
 import time
 
@@ -369,7 +370,16 @@ def case_groups_created_and_destroyed(rounds: int) -> list[str]:
             failures.append(f"round {i}: all_reduce wrong")
         if not torch.equal(out.view(world, -1)[:, 0].cpu(), torch.arange(world, dtype=torch.float32)):
             failures.append(f"round {i}: all_gather wrong")
+        # The teardown leaves the caller's current device alone (a process
+        # driving several GPUs may have another one current then).
+        other = (dev.index + 1) % torch.cuda.device_count()
+        torch.cuda.set_device(other)
         dist.destroy_process_group(g)
+        del g
+        gc.collect()
+        if torch.cuda.current_device() != other:
+            failures.append(f"round {i}: the teardown made cuda:{torch.cuda.current_device()} current, not cuda:{other}")
+        torch.cuda.set_device(dev)
     return failures
 
 

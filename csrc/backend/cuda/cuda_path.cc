@@ -170,6 +170,10 @@ CudaPath::CudaPath(const DevicePathArgs& args)
           }) {}
 
 CudaPath::~CudaPath() {
+  // The communicators' teardown sets their devices on this thread (the one
+  // destroying the group): the caller's device is its own again after.
+  int caller_device = -1;
+  const bool known = cudaGetDevice(&caller_device) == cudaSuccess;
   // The streams' work first: it may use the communicators' buffers. A
   // stalled stream (a dead peer) is cut short by aborting the communicators.
   if (!aborted_.load() && !drain(Deadline::after(args_.timeout))) {
@@ -178,8 +182,13 @@ CudaPath::~CudaPath() {
     drain(Deadline::after(std::chrono::seconds(10)));
   }
   watchdog_.stop();
-  std::lock_guard<std::mutex> lock(mu_);
-  comms_.clear();
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    comms_.clear();
+  }
+  if (known) {
+    cudaSetDevice(caller_device);
+  }
 }
 
 bool CudaPath::supportsReduce(at::ScalarType dtype, ReduceOp op) const {
