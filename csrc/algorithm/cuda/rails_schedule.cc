@@ -199,6 +199,9 @@ class RailsSchedule : public Schedule {
             }
           });
     }
+    if (join) {
+      join->join();  // checked, unlike the join on the way out of an error
+    }
   }
 
   void reduceScatter(const OpArgs& args, cudaStream_t s) override {
@@ -455,9 +458,15 @@ class RailsSchedule : public Schedule {
     return !ops::traitsOf(args.reduce.op).scales_inputs;
   }
 
+  // At the collective's own stream's priority: a rail's kernels scheduled
+  // behind the caller's compute would hold up every member of the rail.
   cudaStream_t railStream() {
     if (rail_stream_ == nullptr) {
-      cudaCheck(cudaStreamCreateWithFlags(&rail_stream_, cudaStreamNonBlocking), "cudaStreamCreateWithFlags");
+      int least = 0;
+      int greatest = 0;
+      cudaCheck(cudaDeviceGetStreamPriorityRange(&least, &greatest), "cudaDeviceGetStreamPriorityRange");
+      cudaCheck(cudaStreamCreateWithPriority(&rail_stream_, cudaStreamNonBlocking, greatest),
+                "cudaStreamCreateWithPriority");
     }
     return rail_stream_;
   }
