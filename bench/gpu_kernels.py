@@ -75,12 +75,9 @@ def main(argv: list[str] | None = None) -> int:
     rows: list[dict[str, Any]] = []
 
     def save() -> None:
-        """The record of the rows so far: a run cut short keeps them."""
         if args.json:
-            rec = record.new("gpu-kernels", ["python", "bench/gpu_kernels.py", *(argv or sys.argv[1:])],
-                             vars(args), how, device=device, results=rows)  # fmt: skip
-            rec["machine"].update(device="cuda", gpus=[device])
-            record.write(rec, args.json)
+            record.write_gpu("gpu-kernels", "bench/gpu_kernels.py", argv or sys.argv[1:], args, how, device, rows,
+                             args.json)  # fmt: skip
 
     print(f"# {device}; GB/s = bytes read + written per second / 1e9\n# {how.describe()}", flush=True)
     for dtype in (torch.float32, torch.bfloat16):

@@ -110,12 +110,9 @@ def main(argv: list[str] | None = None) -> int:
     rows: list[dict] = []
 
     def save() -> None:
-        """The record of the modes so far: a run cut short keeps them."""
         if args.json:
-            rec = record.new("gpu-latency", ["python", "bench/gpu_latency.py", *(argv or sys.argv[1:])],
-                             vars(args), how, device=device, results=rows)  # fmt: skip
-            rec["machine"].update(device="cuda", gpus=[device])
-            record.write(rec, args.json)
+            record.write_gpu("gpu-latency", "bench/gpu_latency.py", argv or sys.argv[1:], args, how, device, rows,
+                             args.json)  # fmt: skip
 
     for mode in args.modes.split(","):
         q = ctx.Queue()

@@ -7,6 +7,7 @@ $OUT, names of letters, digits, '.', '_' and '-').
 
 from __future__ import annotations
 
+import argparse
 import json
 import os
 import re
@@ -420,12 +421,13 @@ def test_the_bench_summaries_read_the_records_the_benches_write(tmp_path):
     rows = [{"dtype": "float32", "bytes": b, "offset": off, "copy_gbps": 3000.0, "blocks": 32,
              "reduce_gbps": 3000.0 * ratio, "ratio": ratio}
             for b, off, ratio in ((1 << 26, 0, 0.5), (1 << 28, 0, 0.8), (1 << 28, 1, 0.9))]  # fmt: skip
-    record.write(record.new("gpu-kernels", ["gpu_kernels.py"], {}, results=rows), str(tmp_path / "k.json"))
+    none = argparse.Namespace()
+    record.write_gpu("gpu-kernels", "bench/gpu_kernels.py", [], none, None, "H200", rows, str(tmp_path / "k.json"))
     assert gpu_check._kernel_bench_reason(str(tmp_path / "k.json")) == (
         "float32 256 MiB: 80 % of copy (2400 against 3000 GB/s, 32 blocks)")
     rows = [{"mode": "host", "bytes": 4096, "latency_us": 41.3, "ok": True},
             {"mode": "device+graph", "bytes": 4096, "latency_us": 9.0, "ok": False}]
-    record.write(record.new("gpu-latency", ["gpu_latency.py"], {}, results=rows), str(tmp_path / "l.json"))
+    record.write_gpu("gpu-latency", "bench/gpu_latency.py", [], none, None, "H200", rows, str(tmp_path / "l.json"))
     assert gpu_check._latency_reason(str(tmp_path / "l.json")) == "host 41.3 us, device+graph 9.0 us WRONG"
     assert gpu_check._collectives_reason(str(tmp_path / "missing.json")) is None
     assert gpu_check._latency_reason(str(tmp_path / "missing.json")) is None

@@ -91,6 +91,15 @@ def new(kind: str, command: list[str], settings: dict[str, Any], timing: Any = N
     return rec
 
 
+def write_gpu(kind: str, script: str, argv: list[str], settings: Any, timing: Any, device: str,
+              results: list[dict[str, Any]], path: str) -> None:  # fmt: skip
+    """A GPU benchmark's record of its results so far, at ``path``: rewritten
+    after each measurement, a run cut short keeps what it measured."""
+    rec = new(kind, ["python", script, *argv], vars(settings), timing, device=device, results=results)
+    rec["machine"].update(device="cuda", gpus=[device])
+    write(rec, path)
+
+
 def point(backend: str, op: str, dtype: str, redop: str, world: int, requested: int, res: Any = None,
           status: str = "", note: str = "") -> dict[str, Any]:  # fmt: skip
     """The record of one backend at one point; ``res`` is a ``timing.Result``
