@@ -211,7 +211,9 @@ void slicedAllReduce(
     const SliceRail* rail,
     const MappedCall* call) {
   const bool mapped = how == Opened::kMapped;
-  SMDDP_ASSERT(!mapped || call != nullptr, "(a mapped sliced AllReduce needs the mapped buffers)");
+  // One node maps through mappedAllReduce: a mapped call here is the rails'.
+  SMDDP_ASSERT(!mapped || (call != nullptr && rail != nullptr),
+               "(a mapped sliced AllReduce needs the mapped buffers and the rail)");
   const int L = ctx.topo.localSize();
   const size_t me = static_cast<size_t>(ctx.topo.myLocalRank());
   const SliceChunks k(ctx, args);
@@ -228,25 +230,23 @@ void slicedAllReduce(
     join.emplace(s, rail->stream, rail->joined);
   }
   std::vector<const void*> srcs(static_cast<size_t>(L));
-  // Mapped: this rank's slice of chunk c straight from every rank's input;
-  // its own slice into the output (from the slot) and every peer's slice
-  // from the peer's output.
+  // Mapped: this rank's slice of chunk c straight from every rank's input
+  // into its slot; its own slice into the output from the slot and every
+  // peer's slice from the peer's output.
   auto reduceMapped = [&](size_t c) {
     const AlignedSlices slices = k.slices(k.len(args.count, c));
     const size_t at = (c * k.ce + slices.begin(me)) * es;
     for (int l = 0; l < L; ++l) {
       srcs[static_cast<size_t>(l)] = call->in[static_cast<size_t>(l)] + at;
     }
-    reduceSlice(srcs.data(), rail != nullptr ? slot(c) : out + at, slices.size(me));
+    reduceSlice(srcs.data(), slot(c), slices.size(me));
   };
   std::vector<void*> dsts;
   std::vector<const void*> from;
   std::vector<size_t> sizes;
   auto gatherMapped = [&](size_t c) {
     const AlignedSlices slices = k.slices(k.len(args.count, c));
-    if (rail != nullptr) {
-      copyAsync(out + (c * k.ce + slices.begin(me)) * es, slot(c), slices.size(me) * es, s);
-    }
+    copyAsync(out + (c * k.ce + slices.begin(me)) * es, slot(c), slices.size(me) * es, s);
     for (int l = 0; l < L; ++l) {
       if (static_cast<size_t>(l) != me) {
         const size_t at = (c * k.ce + slices.begin(static_cast<size_t>(l))) * es;
@@ -264,9 +264,7 @@ void slicedAllReduce(
         reduceMapped(c);
       }
     });
-    if (rail != nullptr) {
-      rail->run(rail->slots, chunks * rail->slot_bytes / es, s);
-    }
+    rail->run(rail->slots, chunks * rail->slot_bytes / es, s);
     for (size_t c = 0; c < chunks; ++c) {
       gatherMapped(c);
     }
