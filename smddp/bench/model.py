@@ -148,6 +148,15 @@ def staged_chunks(op: str, size: float, nodes: int, m: Machine) -> int:
     return math.ceil(size / max(16, z // 2 // 16 * 16))
 
 
+def stages_time(fixed: float, node: float, rail: float, chunks: int) -> float:
+    """Seconds of a CUDA schedule's stages after its fixed part: one after the
+    other (chunks 0), or side by side in `chunks` chunks, so the slower stage
+    plus one chunk of the faster."""
+    if not chunks:
+        return fixed + node + rail
+    return fixed + max(node, rail) + min(node, rail) / chunks
+
+
 def cuda_time(op: str, size: float, nodes: int, m: Machine) -> float:
     """Seconds of the CUDA path (algorithm/cuda): the node schedule on one
     node, the rails schedule on several. The node stage runs through the
@@ -211,9 +220,7 @@ def cuda_time(op: str, size: float, nodes: int, m: Machine) -> float:
         steps = 1 if zero and not pipelined else chunks
         node = steps * 2 * sync + copies + 2 * (g - 1) * size / g / nv
         rail = (chunks if pipelined else 1) * 2 * (n - 1) * alpha + 2 * (n - 1) * size / (g * n) / share
-    if not pipelined:
-        return fixed + node + rail
-    return fixed + max(node, rail) + min(node, rail) / chunks
+    return stages_time(fixed, node, rail, chunks if pipelined else 0)
 
 
 def zero_copy_time(op: str, size: float, nodes: int, m: Machine) -> float:
@@ -255,9 +262,7 @@ def zero_copy_time(op: str, size: float, nodes: int, m: Machine) -> float:
         # into the output, then every peer's slice copied.
         assert n == 1, "the zero-copy AllReduce over the rails is cuda_time's"
         return 4 * meeting + 2 * (g - 1) * size / g / nv
-    if not pipelined:
-        return fixed + node + rail
-    return fixed + max(node, rail) + min(node, rail) / chunks
+    return stages_time(fixed, node, rail, chunks if pipelined else 0)
 
 
 @dataclass(frozen=True)
