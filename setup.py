@@ -113,7 +113,8 @@ def make_extensions():
 
 
 class BuildExt(BuildExtension.with_options(use_ninja=True)):
-    """Links smddp._C_cuda against the smddp._C just built (same folder)."""
+    """Links smddp._C_cuda against the smddp._C just built (same folder), and
+    both against the shared libstdc++ that torch uses (build_env)."""
 
     def build_extension(self, ext):
         if ext.name == "smddp._C_cuda":
@@ -123,7 +124,11 @@ class BuildExt(BuildExtension.with_options(use_ninja=True)):
                 f"-l:{os.path.basename(core)}",
                 "-Wl,-rpath,$ORIGIN",
             ]
+        if sys.platform.startswith("linux"):
+            ext.extra_link_args = list(ext.extra_link_args) + build_env.shared_libstdcxx_link_args()
         super().build_extension(ext)
+        if sys.platform.startswith("linux"):
+            build_env.check_shared_libstdcxx(self.get_ext_fullpath(ext.name), " ".join(self.compiler.linker_so[:1]))
 
 
 # The Makefile installs the package editable without the extension

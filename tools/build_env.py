@@ -15,6 +15,7 @@ import os
 import re
 import shlex
 import shutil
+import struct
 import subprocess
 import sys
 
@@ -185,6 +186,69 @@ def extra_nvcc_flags():
     except ValueError as e:
         sys.exit(f"SMDDP_NVCC_FLAGS={text!r} is not valid: {e}")
     return flags
+
+
+# torch uses the shared libstdc++, so a process holds one copy of it; an
+# extension carrying a static copy of its own keeps separate locale and stream
+# state and crashes at its first string stream, or when an exception or a
+# std::string crosses into torch. A compiler may link one without being asked:
+# by -static-libstdc++, or by searching first a folder of its own that holds
+# only libstdc++.a (which -lstdc++ then finds, even with -Bdynamic). Naming
+# the shared library's file, before the compiler's own -lstdc++, makes the
+# linker take every libstdc++ symbol from it.
+def shared_libstdcxx_link_args():
+    """Linker arguments that link the shared libstdc++ this process (which
+    has imported torch) has loaded, else the one the linker finds by its
+    versioned name."""
+    lib = "-l:libstdc++.so.6"
+    try:
+        with open("/proc/self/maps") as f:
+            for line in f:
+                path = line.split()[-1]
+                if os.path.basename(path).startswith("libstdc++.so") and os.path.exists(path):
+                    lib = path
+                    break
+    except OSError:
+        pass
+    return [f"-Wl,--push-state,--no-as-needed,{lib},--pop-state"]
+
+
+def needed_libraries(path):
+    """The DT_NEEDED entries of an ELF shared object (64-bit little-endian,
+    as x86-64 and aarch64 build), or None for any other file."""
+    with open(path, "rb") as f:
+        data = f.read()
+    if data[:4] != b"\x7fELF" or data[4] != 2 or data[5] != 1:
+        return None
+    shoff, = struct.unpack_from("<Q", data, 0x28)
+    shentsize, shnum = struct.unpack_from("<HH", data, 0x3A)
+    sections = [struct.unpack_from("<IIQQQQIIQQ", data, shoff + i * shentsize) for i in range(shnum)]
+    needed = []
+    for _, sh_type, _, _, offset, size, link, _, _, entsize in sections:
+        if sh_type != 6:  # SHT_DYNAMIC
+            continue
+        strtab_offset = sections[link][4]
+        for at in range(offset, offset + size, entsize or 16):
+            tag, value = struct.unpack_from("<qQ", data, at)
+            if tag == 0:  # DT_NULL
+                break
+            if tag == 1:  # DT_NEEDED
+                end = data.index(b"\0", strtab_offset + value)
+                needed.append(data[strtab_offset + value:end].decode())
+    return needed
+
+
+def check_shared_libstdcxx(path, compiler):
+    """Raises RuntimeError if the extension at `path` does not load the
+    shared libstdc++ (see shared_libstdcxx_link_args)."""
+    needed = needed_libraries(path)
+    if needed is None or any(n.startswith("libstdc++.so") for n in needed):
+        return
+    raise RuntimeError(
+        f"{os.path.basename(path)} was linked without the shared libstdc++ (it needs only {', '.join(needed)}): "
+        f"the compiler {compiler} put a static copy of the C++ runtime into it, which crashes beside torch's. "
+        "Build with a compiler that links libstdc++ dynamically, e.g. CXX=/usr/bin/g++ CC=/usr/bin/gcc"
+    )
 
 
 if __name__ == "__main__":
