@@ -1,7 +1,7 @@
 #include "algorithm/device_setup.h"
 
 #include <algorithm>
-#include <set>
+#include <map>
 
 #include "common/error.h"
 #include "common/log.h"
@@ -85,11 +85,17 @@ DevicePlan DeviceSetup::plan(Store& store, transport::DeviceLinks& links) {
 
   // Which GPU each rank drives decides how nodes talk: NCCL needs one each.
   auto ids = storeAllGather(store, p.key("identity"), rank, size, toBytes(links.identity()));
-  std::set<std::string> distinct;
-  for (const auto& id : ids) {
-    distinct.insert(toString(id));
+  // The first two ranks that drive one GPU, named in the plan's reason.
+  std::map<std::string, int> first_of;
+  std::string shared;
+  for (int r = 0; r < size; ++r) {
+    const std::string id = toString(ids[static_cast<size_t>(r)]);
+    auto [it, fresh] = first_of.emplace(id, r);
+    if (!fresh && shared.empty()) {
+      shared = str("ranks ", it->second, " and ", r, " both drive ", id);
+    }
   }
-  const bool own_gpu = distinct.size() == static_cast<size_t>(size);
+  const bool own_gpu = shared.empty();
   if (topo_.numNodes() == 1) {
     p.mode = DeviceMode::kNode;
   } else if (!topo_.uniform()) {
@@ -100,7 +106,8 @@ DevicePlan DeviceSetup::plan(Store& store, transport::DeviceLinks& links) {
     p.why = "SMDDP_CUDA_INTER_NODE=host";
   } else if (!own_gpu) {
     p.mode = DeviceMode::kHostStaging;
-    p.why = "ranks share GPUs (NCCL rails need a GPU per rank)";
+    p.why = str("ranks share GPUs (", shared, "; NCCL rails need a GPU per rank, or ",
+                "SMDDP_CUDA_RANKS_PER_GPU with SMDDP_CUDA_INTER_NODE=nccl)");
   } else {
     p.mode = DeviceMode::kRails;
   }

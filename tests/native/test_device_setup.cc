@@ -149,7 +149,7 @@ SMDDP_TEST(shared_gpus_across_nodes_stage_through_the_host) {
         HostLinks links("host0/0000:01:00.0", topo.myLocalRank());  // one GPU for all
         DevicePlan p = setup.plan(store, links);
         EXPECT_TRUE(p.mode == DeviceMode::kHostStaging);
-        EXPECT_TRUE(p.why.find("share GPUs") != std::string::npos);
+        EXPECT_TRUE(p.why.find("share GPUs (ranks 0 and 1 both drive host0/0000:01:00.0") != std::string::npos);
         EXPECT_EQ(links.exports, 0);
       },
       std::chrono::seconds(30));

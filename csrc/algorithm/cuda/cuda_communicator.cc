@@ -86,7 +86,9 @@ CudaCommunicator::CudaCommunicator(
   if (config.cuda_ranks_per_gpu > 1 && config.cuda_inter_node == "nccl" && topology.numNodes() > 1) {
     // Ranks sharing a GPU asked for NCCL rails: each its own host to NCCL
     // (the identity the plan compares follows), over NCCL's network transport.
-    SMDDP_LOG(kInfo, "rank ", topology.rank(), ": NCCL_HOSTID ", transport::ncclHostPerProcess(),
+    // Outside the log macro, which evaluates nothing at a level that is off.
+    const std::string host = transport::ncclHostPerProcess();
+    SMDDP_LOG(kInfo, "rank ", topology.rank(), ": NCCL_HOSTID ", host,
               " (SMDDP_CUDA_RANKS_PER_GPU with SMDDP_CUDA_INTER_NODE=nccl)");
   }
   plan_ = setup.plan(store, *ipc_);
