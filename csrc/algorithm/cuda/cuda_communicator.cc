@@ -119,7 +119,7 @@ CudaCommunicator::CudaCommunicator(
   }
   if (device_sync) {
     cudaCheck(cudaMalloc(reinterpret_cast<void**>(&sync_counter_), sizeof(uint64_t)), "cudaMalloc of the sync counter");
-    cudaCheck(cudaMemset(sync_counter_, 0, sizeof(uint64_t)), "cudaMemset of the sync counter");
+    transport::zeroDeviceMemory(sync_counter_, sizeof(uint64_t), "zeroing the sync counter");
     cudaCheck(cudaHostAlloc(reinterpret_cast<void**>(&sync_words_), sizeof(SyncWords), cudaHostAllocMapped),
               "cudaHostAlloc of the sync words");
     *sync_words_ = SyncWords{};

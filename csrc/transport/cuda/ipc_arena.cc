@@ -14,6 +14,17 @@ void cudaCheck(cudaError_t err, const char* what) {
   }
 }
 
+void zeroDeviceMemory(void* p, size_t bytes, const char* what) {
+  cudaStream_t s = nullptr;
+  cudaCheck(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking), "cudaStreamCreateWithFlags");
+  cudaError_t err = cudaMemsetAsync(p, 0, bytes, s);
+  if (err == cudaSuccess) {
+    err = cudaStreamSynchronize(s);
+  }
+  cudaStreamDestroy(s);
+  cudaCheck(err, what);
+}
+
 namespace {
 
 struct Handles {
@@ -49,7 +60,7 @@ std::vector<uint8_t> CudaIpcArena::exportLocal() {
     cudaCheck(cudaMalloc(reinterpret_cast<void**>(&staging_[me]), kHeaderBytes + staging_bytes_),
               "cudaMalloc of the staging buffer");
     // The flags start at 0, as every rank's device counter does.
-    cudaCheck(cudaMemset(staging_[me], 0, kHeaderBytes), "cudaMemset of the staging header");
+    zeroDeviceMemory(staging_[me], kHeaderBytes, "zeroing the staging header");
     const unsigned flags = cudaEventDisableTiming | cudaEventInterprocess;
     cudaCheck(cudaEventCreateWithFlags(&ready_[me], flags), "cudaEventCreate (interprocess)");
     cudaCheck(cudaEventCreateWithFlags(&done_[me], flags), "cudaEventCreate (interprocess)");

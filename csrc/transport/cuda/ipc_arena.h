@@ -42,6 +42,14 @@ namespace smddp::transport {
 // Throws kComm naming `what` if `err` is not cudaSuccess.
 void cudaCheck(cudaError_t err, const char* what);
 
+// Zeroes `bytes` of device memory at `p` and waits for it, on a stream of its
+// own that does not wait for the legacy default stream. Flags that the
+// communication streams set once the communicator exists (the staging
+// header's, the sync counter) must be zero before that: a cudaMemset on the
+// legacy stream runs only after whatever the caller's stream has queued, and
+// could wipe a flag set in the meantime. `what` names the memory in errors.
+void zeroDeviceMemory(void* p, size_t bytes, const char* what);
+
 class CudaIpcArena : public DeviceLinks {
  public:
   // This rank is `local_rank` of `local_size` on its node and drives
