@@ -298,6 +298,34 @@ def test_render_rewrites_marked_tables_and_checks_them(tmp_path, capsys):
     assert render.main(["--check", str(doc)]) == 2
 
 
+def test_the_gpu_records_render_as_tables():
+    """The GPU benchmarks' records (bench/gpu_kernels.py, bench/gpu_latency.py,
+    a sweep with bench/gpu_collectives.py's floor) as the docs show them."""
+    machine = {"gpus": ["NVIDIA H200"]}
+    kernels = record.new("gpu-kernels", ["python", "bench/gpu_kernels.py"], {}, results=[
+        {"dtype": "float32", "bytes": 1 << 26, "offset": o, "copy_gbps": 4000.0, "blocks": b,
+         "reduce_gbps": 1000.0 * b / 32 - o, "ratio": (1000.0 * b / 32 - o) / 4000.0}
+        for o in (0, 1) for b in (32, 128)], device="NVIDIA H200")  # fmt: skip
+    kernels["machine"].update(machine)
+    text = views.markdown(kernels)
+    assert "| dtype | size (B) | offset | copy (GB/s) | 32 blocks (GB/s) | 128 blocks (GB/s) |" in text
+    assert "| float32 | 64M | 0 | 4000 | 1000 (25 %) | 4000 (100 %) |" in text
+    assert "| float32 | 64M | 1 | 4000 | 999 (25 %) | 3999 (100 %) |" in text
+    assert "NVIDIA H200" in text.split("- machine:")[1]
+    latency = record.new("gpu-latency", ["python", "bench/gpu_latency.py"], {"bytes": "4K", "nproc": 2},
+                         results=[{"mode": "host", "bytes": 4096, "latency_us": 12.5, "ok": True},
+                                  {"mode": "device", "bytes": 4096, "latency_us": 7.5, "ok": False}],
+                         device="NVIDIA H200")  # fmt: skip
+    text = views.markdown(latency)
+    assert "| host | 12.5 | ok |" in text and "| device | 7.5 | WRONG |" in text
+    sweep = _sweep_record()
+    sweep["floor"] = [{"op": "all_gather", "dtype": "float32", "size_bytes": 4096, "world": 4, "floor_us": 25.0,
+                       "time_over_floor": {"smddp": 4.0, "gloo": None}}]  # fmt: skip
+    text = views.markdown(sweep)
+    assert "| op | size (B) | floor (us) | smddp / floor | gloo / floor |" in text
+    assert "| all_gather | 4K | 25.0 | 4.00 |  |" in text and "floor: the same bytes copied by one process" in text
+
+
 def test_the_gpu_floor_moves_what_the_zero_copy_path_moves(tmp_path):
     """bench/gpu_collectives.py's floor (one process, the same copies and
     reductions) on CPU tensors: the bytes of each op's plan are the zero-copy

@@ -192,11 +192,64 @@ def sweep_table(rec: dict[str, Any], limit_s: Callable[[dict], float | None] | N
     return table.markdown(cols, rows, groups)
 
 
+def _blank(x: Any) -> Any:
+    return "" if x is None else x
+
+
+def floor_table(floor: list[dict], backends: Sequence[str]) -> str:
+    """The floor of each point (the same copies done by one process) and
+    each backend's time as a multiple of it."""
+    cols = [Column("op", left=True), Column("size", "(B)"), Column("floor", "(us)", "{:.1f}")]
+    cols += [Column(f"{b} / floor", fmt="{:.2f}") for b in backends]
+    rows = [[f["op"], format_size(f["size_bytes"]), f["floor_us"],
+             *[_blank(f["time_over_floor"].get(b)) for b in backends]] for f in floor]  # fmt: skip
+    return table.markdown(cols, rows)
+
+
 def sweep_markdown(rec: dict[str, Any]) -> tuple[str, str]:
     place = "; AllGather/ReduceScatter in place" if rec["settings"].get("inplace") else ""
-    return sweep_table(rec), (
+    text = sweep_table(rec)
+    floor = ""
+    if rec.get("floor"):
+        text += "\n\n" + floor_table(rec["floor"], rec["settings"]["backends"])
+        floor = ("; floor: the same bytes copied by one process on the same device (what the ranks' contexts "
+                 "taking turns on one GPU cost shows as the multiple over it)")
+    return text, (
         f"{rec['topology']['label']}, {rec['machine']['device']}{place}; busbw in GB/s (nccl-tests' definitions, "
-        f"GB = 1e9); ratios of busbw; #wrong {rec['summary']['wrong']}")
+        f"GB = 1e9); ratios of busbw; #wrong {rec['summary']['wrong']}{floor}")
+
+
+# -- the GPU benchmarks (bench/gpu_kernels.py, bench/gpu_latency.py) ---------------------
+
+
+def gpu_kernels_markdown(rec: dict[str, Any]) -> tuple[str, str]:
+    """One row per dtype, size and offset: the copy's bandwidth, then the
+    kernel's share of it at each block count."""
+    results = rec["results"]
+    blocks = sorted({r["blocks"] for r in results})
+    rows: dict[tuple, list] = {}
+    for r in results:
+        key = (r["dtype"], r["bytes"], r["offset"])
+        row = rows.setdefault(key, [r["dtype"], format_size(r["bytes"]), r["offset"], r["copy_gbps"]] + [""] * len(blocks))
+        row[4 + blocks.index(r["blocks"])] = f"{r['reduce_gbps']:.0f} ({100 * r['ratio']:.0f} %)"
+    cols = [Column("dtype", left=True), Column("size", "(B)"), Column("offset"), Column("copy", "(GB/s)", "{:.0f}")]
+    cols += [Column(f"{b} blocks", "(GB/s)") for b in blocks]
+    return table.markdown(cols, list(rows.values())), (
+        f"{rec['device']}: smddp's reduction of two sources into a third (reads 2n, writes n) against torch's "
+        "device-to-device copy of n (reads n, writes n), as bytes moved per second, and the share of the copy's "
+        "rate (SMDDP_CUDA_REDUCE_BLOCKS is the block count; offset 1: every buffer one element off 16-byte "
+        "alignment, as AllReduce slices of an odd count per rank are)")
+
+
+def gpu_latency_markdown(rec: dict[str, Any]) -> tuple[str, str]:
+    s = rec["settings"]
+    cols = [Column("synchronization", left=True), Column("latency", "(us)", "{:.1f}"), Column("checked", left=True)]
+    rows = [[r["mode"], r["latency_us"], "ok" if r["ok"] else "WRONG"] for r in rec["results"]]
+    return table.markdown(cols, rows), (
+        f"{rec['device']}: a native {s['bytes']} AllReduce of {s['nproc']} ranks sharing the GPU; host: the ranks' "
+        "host threads meet between steps; device: kernels await flags (SMDDP_CUDA_SYNC=device); graph: replayed "
+        "from a CUDA graph of 10 calls; oneshot: one step (SMDDP_CUDA_ONESHOT_BYTES). The ranks' contexts take "
+        "turns on the one GPU, so these include its time slicing, not NVLink")
 
 
 # -- the peer comparison -----------------------------------------------------------
@@ -395,6 +448,7 @@ def step_markdown(rec: dict[str, Any]) -> tuple[str, str]:
 MARKDOWN: dict[str, Callable[[dict[str, Any]], tuple[str, str]]] = {
     "sweep": sweep_markdown, "peers": peers_markdown, "model": model_markdown,
     "calibration": calibration_markdown, "step": step_markdown,
+    "gpu-kernels": gpu_kernels_markdown, "gpu-latency": gpu_latency_markdown,
 }  # fmt: skip
 
 
@@ -410,8 +464,9 @@ def markdown(rec: dict[str, Any],
     text, what = view(rec)
     m = rec["machine"]
     load = m.get("load_average", {})
+    gpus = f", {' + '.join(m['gpus'])}" if m.get("gpus") else ""
     machine = (f"{m['cpu_model']}, {m['cpu_cores']} cores ({m['cpu_cores_available']} available), {m['memory_gb']} "
-               f"GB, {m['kernel']}, Python {m['python']}, torch {m['torch']}, smddp {m['smddp']}; load average "
+               f"GB, {m['kernel']}{gpus}, Python {m['python']}, torch {m['torch']}, smddp {m['smddp']}; load average "
                f"{load.get('start')} at the start, {load.get('end')} at the end; {rec['created']}")
     lines = [text, "", f"- {what}"]
     if "timing" in rec:
