@@ -417,9 +417,13 @@ def case_reduce_scatter_beyond_the_largest_pitch() -> list[str]:
 def case_stalled_device_work(dump_prefix: str) -> dict:
     """The caller's stream is busy past the group's timeout when the
     collective is enqueued: the watchdog fails it, the group becomes
-    unusable, and the flight recorder is dumped."""
+    unusable, and the flight recorder is dumped. The group's CUDA path is set
+    up first: setting it up loads smddp's kernels, which waits on the calling
+    thread for the device to finish what is queued on it."""
     dev = _device()
     t = torch.ones(1 << 16, device=dev)
+    dist.all_reduce(t)
+    torch.cuda.synchronize()
     torch.cuda._sleep(int(12 * 2e9))  # past the 5 s timeout
     out: dict = {"first": ("no error", "")}
     work = dist.all_reduce(t, async_op=True)

@@ -276,7 +276,41 @@ void run(const ReduceSpec& spec, Segments& g, size_t count, Sources sources, Res
   }
 }
 
+template <typename F>
+void loadKernel(F* kernel) {
+  cudaFuncAttributes attributes;
+  const cudaError_t err = cudaFuncGetAttributes(&attributes, kernel);
+  if (err != cudaSuccess) {
+    SMDDP_THROW(kComm, "the reduction kernels could not be loaded: ", cudaGetErrorName(err), " (",
+                cudaGetErrorString(err), ")");
+  }
+}
+
+// Every kernel launchTyped can launch.
+template <typename T, Combine kC>
+void loadTyped() {
+  loadKernel(reduceElements<T, kC>);
+  loadKernel(reduceVectors<T, kC, 2>);
+  loadKernel(reduceVectors<T, kC, 4>);
+  loadKernel(reduceVectors<T, kC, 8>);
+  loadKernel(reduceVectors<T, kC, 16>);
+}
+
+template <typename T>
+void loadForType() {
+  loadTyped<T, Combine::kSum>();
+  loadTyped<T, Combine::kProduct>();
+  loadTyped<T, Combine::kMin>();
+  loadTyped<T, Combine::kMax>();
+}
+
 } // namespace
+
+void loadReduceKernels() {
+  loadForType<float>();
+  loadForType<F16>();
+  loadForType<Bf16>();
+}
 
 bool deviceReduceSupported(DataType dtype, ReduceOp op) {
   bool type_ok = false;

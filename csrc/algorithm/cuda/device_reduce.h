@@ -29,6 +29,13 @@ namespace smddp::algorithm::cuda {
 // True for the dtype/op pairs the device kernels implement.
 bool deviceReduceSupported(DataType dtype, ReduceOp op);
 
+// Loads every reduction kernel into the current device's context now. Under
+// CUDA's lazy loading a kernel is otherwise loaded at its first launch, and
+// loading may wait until the device is idle: inside a collective that wait
+// would count against the group's timeout, and behind a kernel that spins on
+// a peer's flag it could wait on work that waits for it. Throws kComm.
+void loadReduceKernels();
+
 // Enqueues the reduction of `nsrc` (1..kMaxDeviceSources) sources on
 // `stream`: Sources::kInputs scales each by PREMUL_SUM's factor,
 // Result::kFinal divides by AVG's (reduce.h). Throws Error: kInvalidArgument

@@ -55,6 +55,15 @@ __global__ void syncStep(SyncStep step) {
 
 } // namespace
 
+void loadSyncKernel() {
+  cudaFuncAttributes attributes;
+  const cudaError_t err = cudaFuncGetAttributes(&attributes, syncStep);
+  if (err != cudaSuccess) {
+    SMDDP_THROW(kComm, "the device synchronization kernel could not be loaded: ", cudaGetErrorName(err), " (",
+                cudaGetErrorString(err), ")");
+  }
+}
+
 void launchSyncStep(const SyncStep& step, cudaStream_t stream) {
   SMDDP_CHECK_ARG(step.counter != nullptr && step.words != nullptr && step.nwait >= 0 &&
                       step.nwait <= kMaxDeviceSources,

@@ -14,4 +14,8 @@ namespace smddp::algorithm::cuda {
 // Enqueues one step on `stream` (one thread block of one warp).
 void launchSyncStep(const SyncStep& step, cudaStream_t stream);
 
+// Loads the synchronization kernel into the current device's context now
+// (see loadReduceKernels). Throws kComm.
+void loadSyncKernel();
+
 } // namespace smddp::algorithm::cuda

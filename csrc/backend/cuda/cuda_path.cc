@@ -6,10 +6,13 @@
 #include <c10/cuda/CUDAGuard.h>
 
 #include <cstdlib>
+#include <mutex>
+#include <set>
 #include <stdexcept>
 #include <thread>
 
 #include "algorithm/cuda/device_reduce.h"
+#include "algorithm/cuda/device_sync.h"
 #include "backend/conversions.h"
 #include "backend/store_adapter.h"
 #include "common/error.h"
@@ -31,6 +34,32 @@ void relaxCaptureMode() {
     C10_CUDA_CHECK(cudaThreadExchangeStreamCaptureMode(&mode));
     relaxed = true;
   }
+}
+
+// Once per device and process, on the calling thread before its first
+// collective there is enqueued: smddp's kernels are loaded into the device's
+// context (algorithm/cuda/device_reduce.h says why not at their first
+// launch). That may wait for what the caller has queued on the device, as
+// creating a NCCL communicator may. In the relaxed capture mode for the
+// moment, so that a capture under way on this thread is not invalidated.
+void loadKernelsOnce(int device) {
+  static std::mutex mu;
+  static std::set<int> loaded;
+  std::lock_guard<std::mutex> lock(mu);
+  if (loaded.count(device) != 0) {
+    return;
+  }
+  cudaStreamCaptureMode mode = cudaStreamCaptureModeRelaxed;
+  C10_CUDA_CHECK(cudaThreadExchangeStreamCaptureMode(&mode));
+  try {
+    algorithm::cuda::loadReduceKernels();
+    algorithm::cuda::loadSyncKernel();
+  } catch (...) {
+    cudaThreadExchangeStreamCaptureMode(&mode);
+    throw;
+  }
+  C10_CUDA_CHECK(cudaThreadExchangeStreamCaptureMode(&mode));
+  loaded.insert(device);
 }
 
 // Torch reports a segment's free to its trace trackers before it frees it,
@@ -244,6 +273,7 @@ DevicePath::Call CudaPath::prepare(
   const at::Tensor& first = outputs.empty() ? inputs.at(0) : outputs.at(0);
   const int device = first.device().index();
   c10::cuda::CUDAGuard guard(device);
+  loadKernelsOnce(device);
   c10::cuda::CUDAStream comm = streamFor(device);
   // The communication stream starts after what the caller enqueued so far.
   auto ready = std::make_shared<at::cuda::CUDAEvent>(cudaEventDisableTiming);
