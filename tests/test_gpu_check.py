@@ -166,6 +166,47 @@ def test_deadline_caps_and_what_comes_back(tmp_path, monkeypatch, capsys):
         assert "logs/gpu_check.log" in members
 
 
+FAKE_SETUP = """
+import os, sys
+print("[1/2] c++ -c csrc/common/error.cc -o build/error.o")
+if os.environ.get("CXX") != os.environ["FAKE_SYSTEM_CXX"]:
+    sys.exit("RuntimeError: _C.so was linked without the shared libstdc++ (it needs only libc.so.6): the compiler cc")
+print("built with", os.environ["CXX"], os.environ["CC"], os.environ["CUDAHOSTCXX"])
+"""
+
+
+@pytest.mark.parametrize("system_compiler", [True, False])
+def test_a_build_with_a_static_cxx_runtime_is_redone_with_the_systems_compiler(tmp_path, monkeypatch, system_compiler):
+    """setup.py refuses an extension that carries its own C++ runtime; the
+    check's build then tries the system's compiler once, where there is one,
+    and says why; else the step fails with setup.py's reason (not a build
+    command's line)."""
+    root = tmp_path / "repo"
+    (root / "build").mkdir(parents=True)
+    (root / "setup.py").write_text(FAKE_SETUP)
+    cxx = tmp_path / "bin" / "g++"
+    if system_compiler:
+        cxx.parent.mkdir()
+        cxx.write_text("")
+    monkeypatch.setattr(gpu_check, "ROOT", str(root))
+    monkeypatch.setattr(gpu_check, "SYSTEM_CXX", str(cxx))
+    monkeypatch.setenv("FAKE_SYSTEM_CXX", str(cxx))
+    out = tmp_path / "out"
+    steps = [gpu_check.Step("build", gpu_check.step_build, cap_s=60, min_s=1, doc="the build")]
+    rc = gpu_check.main(["--deadline-s", "60", "--out", str(out)], steps=steps)
+    build = json.loads((out / "results.json").read_text())["steps"][0]
+    if system_compiler:
+        assert rc == 0 and build["status"] == "ok", build
+        assert f"again with CXX={cxx} after: RuntimeError: _C.so was linked without the shared" in build["reason"]
+        with tarfile.open(out / "logs.tar.gz") as tar:
+            log = tar.extractfile("logs/build.log").read().decode()
+        assert f"built with {cxx} {tmp_path / 'bin' / 'gcc'} {cxx}" in log
+        assert not (root / "build").exists()
+    else:
+        assert rc == 1 and build["status"] == "FAIL", build
+        assert "linked without the shared libstdc++" in build["reason"] and "error.o" not in build["reason"]
+
+
 FAKE_KERNEL_TESTS = """
 import time
 
