@@ -22,7 +22,8 @@ left of the deadline once the later steps' minimums are set aside:
                   mode, GPU, clocks, torch/CUDA/NCCL, /dev/shm, CPUs, tools
     ipc           a CUDA tensor and an interprocess event shared with a child
                   process, and two processes' kernels at once (torch alone)
-    build         setup.py build_ext --inplace, sm_90 only, -lineinfo
+    build         setup.py build_ext --inplace, sm_90 only, -lineinfo (again
+                  with /usr/bin/g++ where setup.py refuses a static C++ runtime)
     import        import smddp, load its CUDA module, one device_reduce
     kernel        tests/test_cuda_kernel.py: the reduction kernel against the
                   CPU reduction, bit for bit
