@@ -21,7 +21,9 @@ left of the deadline once the later steps' minimums are set aside:
     env           machine facts: runtime (gVisor?), driver, compute and MIG
                   mode, GPU, clocks, torch/CUDA/NCCL, /dev/shm, CPUs, tools
     ipc           a CUDA tensor and an interprocess event shared with a child
-                  process, and two processes' kernels at once (torch alone)
+                  process, and two processes' kernels at once (torch alone);
+                  how long the host waits behind its busy stream for a
+                  kernel's first launch and for a cudaFree
     build         setup.py build_ext --inplace, sm_90 only, -lineinfo (again
                   with /usr/bin/g++ where setup.py refuses a static C++ runtime)
     import        import smddp, load its CUDA module, one device_reduce

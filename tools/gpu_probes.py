@@ -369,6 +369,24 @@ def probe_ipc(rep: Report) -> None:
         d["busy_s"] = {"parent": mine[1] - mine[0], "child": theirs[1] - theirs[0], "overlap": overlap}
         verdicts["concurrent"] = "ok" if overlap > 0 else "FAIL: the two processes' kernels did not overlap"
         conn.send("done")
+        # Facts, not verdicts: whether the host waits behind this process's
+        # busy stream for the first launch of a kernel (CUDA's lazy loading,
+        # why smddp loads its kernels before its first collective) and for
+        # a cudaFree (empty_cache of a cached block).
+        step = "busy"
+        x = torch.ones(8, device="cuda")
+        spare = torch.empty(64 << 20, dtype=torch.uint8, device="cuda")
+        del spare
+        torch.cuda.synchronize()
+        waits = {"CUDA_MODULE_LOADING": os.environ.get("CUDA_MODULE_LOADING", "(unset)")}
+        for name, call in (("first_launch_s", lambda: torch.special.i1e(x)),
+                           ("cuda_free_s", torch.cuda.empty_cache)):  # fmt: skip
+            torch.cuda._sleep(1 << 30)
+            t0 = time.time()
+            call()
+            waits[name] = round(time.time() - t0, 3)
+            torch.cuda.synchronize()
+        d["busy_stream_waits"] = waits
     except Exception as e:
         _say(traceback.format_exc())
         d.setdefault("error", traceback.format_exc())
@@ -384,6 +402,10 @@ def probe_ipc(rep: Report) -> None:
     if "busy_s" in d:
         b = d["busy_s"]
         text += f" (kernels {b['parent']:.2f} s and {b['child']:.2f} s, overlapping {b['overlap']:.2f} s)"
+    if "busy_stream_waits" in d:
+        w = d["busy_stream_waits"]
+        text += (f"; behind a busy stream the host waited {w['first_launch_s']:.2f} s for a kernel's first launch, "
+                 f"{w['cuda_free_s']:.2f} s for a cudaFree")
     rep.finish("FAIL" if failed else "ok", text)
 
 
