@@ -298,6 +298,12 @@ def test_render_rewrites_marked_tables_and_checks_them(tmp_path, capsys):
     assert render.main(["--check", str(doc)]) == 2
 
 
+def test_sizes_rounded_to_the_ranks_show_what_was_asked():
+    assert views.size_text(4096, 4096) == "4K"
+    assert views.size_text(4194288, 4 << 20) == "4194288 (of 4M)"
+    assert views.size_text(None, 1 << 20) == "1M"  # a point that was not run
+
+
 def test_the_gpu_records_render_as_tables():
     """The GPU benchmarks' records (bench/gpu_kernels.py, bench/gpu_latency.py,
     a sweep with bench/gpu_collectives.py's floor) as the docs show them."""

@@ -167,6 +167,18 @@ def run_footer(rec: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
+def size_text(actual: int | None, asked: int | None) -> str:
+    """A point's size as the tables show it: the bytes moved, in whole units
+    where they are, else as bytes with the size asked for (a size is rounded
+    down to a multiple of the ranks' elements)."""
+    if actual is None:
+        return format_size(asked or 0)
+    text = format_size(actual)
+    if asked and actual != asked and text == str(actual):
+        return f"{text} (of {format_size(asked)})"
+    return text
+
+
 def sweep_table(rec: dict[str, Any], limit_s: Callable[[dict], float | None] | None = None) -> str:
     """A sweep's markdown table; with ``limit_s`` (on a cluster,
     smddp.bench.links) the links' limit of each point and each backend's
@@ -183,7 +195,7 @@ def sweep_table(rec: dict[str, Any], limit_s: Callable[[dict], float | None] | N
     for point in by_point(rec["results"]):
         first = next(iter(point.values()))
         limit = limit_s(first) if limited else None
-        row: list[Any] = [OPS[first["op"]].title, first["dtype"], format_size(first["size_bytes"])]
+        row: list[Any] = [OPS[first["op"]].title, first["dtype"], size_text(first["size_bytes"], first["requested_bytes"])]
         row += ["n/a" if limit is None else limit * 1e6] if limited else []
         for r in (point.get(b) for b in backends):
             cells = [r["time_us"], r["busbw_gbs"], _num(fraction(limit, r), "{:.0%}")] if measured(r) else ["n/a"] * 3
@@ -306,7 +318,7 @@ def _peer_table(rec: dict[str, Any]) -> tuple[list[Column], list]:
         if out and (row["op"], row["dtype"], row["world"]) != last:
             out.append(None)  # a blank line between the (op, dtype, ranks) blocks
         last = (row["op"], row["dtype"], row["world"])
-        size = format_size(row["size_bytes"] or row["requested_bytes"])
+        size = size_text(row["size_bytes"], row["requested_bytes"])
         values = [OPS[row["op"]].title, row["dtype"], size, row["world"]]
         values += [peer_cell(row["impls"].get(n)) for n in impls]
         if with_ratio:
