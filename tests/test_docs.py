@@ -49,7 +49,7 @@ def test_every_record_is_shown_and_names_its_machine_and_command():
             assert m[key], (path, key)
         assert re.match(r"\d{4}-\d\d-\d\dT", rec["created"]), path
         if m.get("gpus"):
-            # Measured by tools/gpu_check.py on a lent GPU machine, which
+            # Measured by tools/gpu_check.py on a GPU machine, which
             # writes to its $OUT (docs/cuda.md says so): the command names
             # the repository's benchmark that made it.
             assert rec["command"][0] == "smddp-bench" or any(
