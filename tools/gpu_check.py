@@ -476,22 +476,26 @@ def step_build(check: "Check", run: StepRun):
     if have_nvcc:
         env["SMDDP_WITH_CUDA"] = os.environ.get("SMDDP_WITH_CUDA", "1")
     run.details["env"] = env
-    out = run.python(["setup.py", "build_ext", "--inplace"], env=env, cwd=ROOT)
+
+    def build() -> tuple[Outcome, str]:
+        out = run.python(["setup.py", "build_ext", "--inplace"], env=env, cwd=ROOT)
+        return out, run.output(out)
+
+    out, text = build()
     what = f"sm_{env['SMDDP_CUDA_ARCHS']}, {env['SMDDP_NVCC_FLAGS'] or 'no extra nvcc flags'}, {env['MAX_JOBS']} jobs"
     if not have_nvcc:
         what += ", no nvcc: CPU only"
-    if not out.ok and STATIC_RUNTIME in run.output(out) and os.path.exists(SYSTEM_CXX) and run.left() > 30:
+    refusal = next((ln.strip()[:240] for ln in text.splitlines() if STATIC_RUNTIME in ln), None) if not out.ok else None
+    if refusal and os.path.exists(SYSTEM_CXX) and run.left() > 30:
         # The default compiler put its own C++ runtime into the extension
         # (setup.py refuses that build): the system's compiler instead.
-        first = next(ln.strip() for ln in run.output(out).splitlines() if STATIC_RUNTIME in ln)[:240]
         cc = os.path.join(os.path.dirname(SYSTEM_CXX), "gcc")
         env.update({"CXX": SYSTEM_CXX, "CC": cc, "CUDAHOSTCXX": SYSTEM_CXX})
         shutil.rmtree(os.path.join(ROOT, "build"), ignore_errors=True)
-        out = run.python(["setup.py", "build_ext", "--inplace"], env=env, cwd=ROOT)
-        what += f"; again with CXX={SYSTEM_CXX} after: {first}"
+        out, text = build()
+        what += f"; again with CXX={SYSTEM_CXX} after: {refusal}"
     if out.ok:
         return OK, f"built in {out.seconds:.0f} s ({what})"
-    text = run.output(out)
     return FAIL, f"{out.describe()}: " + (_first_error_line(text) or _bench_line(text))
 
 
@@ -611,12 +615,10 @@ def step_smoke(check: "Check", run: StepRun):
 
 
 # The kernel tests run under the sanitizers (with SMDDP_KERNEL_TEST_QUICK=1):
-# every path of the kernel (sizes, offsets, source and block counts, in place,
-# refused calls) in few launches, for the tools' slowdown.
-# Every code path of the kernel once (its scalar head and tail, each vector
-# width, every offset and small size, in place, the refusals) in float32, the
-# vector path of the half types: the tools slow each test to seconds, and the
-# whole selection must end inside the step's cap to give a verdict.
+# every code path of the kernel once (its scalar head and tail, each vector
+# width, every offset and small size, in place, the refusals) in float32, and
+# the vector path of the half types. The tools slow each test to seconds, and
+# the whole selection must end inside the step's cap to give a verdict.
 SANITIZER_MEMCHECK = ("(float32 and (raw-finalize or every_offset or every_small_size)) or "
                       "(in_place and float32 and MAX) or (SUM-raw-finalize and not PREMUL) or seventeen or bad_out")
 SANITIZER_RACECHECK = "float32-SUM-raw-finalize or float32-MAX-raw-finalize"
