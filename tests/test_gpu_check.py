@@ -487,3 +487,23 @@ def test_the_longest_tests_start_first(tmp_path):
     # The GPU tests' own marks are read.
     marks = gpu_check.timeout_marks(os.path.join(ROOT, "tests", "test_cuda.py"))
     assert marks["test_cuda_rails_zero_copy_on_one_gpu"] > marks["test_cuda_graph_capture"] > 0
+
+
+def test_sanitizer_summaries_are_read_per_tool():
+    # The tools' own closing lines: racecheck's names hazards even when it
+    # found none, and its warnings are not errors.
+    clean = ("========= COMPUTE-SANITIZER\n5 passed\n========= ERROR SUMMARY: 0 errors\n"
+             "========= COMPUTE-SANITIZER\n========= RACECHECK SUMMARY: 0 hazards displayed (0 errors, 0 warnings)\n")
+    assert gpu_check.sanitizer_errors(clean) == (True, 0)
+    warned = "========= RACECHECK SUMMARY: 3 hazards displayed (0 errors, 3 warnings)\n"
+    assert gpu_check.sanitizer_errors(warned) == (True, 0)
+    raced = "========= RACECHECK SUMMARY: 2 hazards displayed (2 errors, 0 warnings)\n"
+    assert gpu_check.sanitizer_errors(raced) == (True, 2)
+    found = ("========= Invalid __global__ read of size 4 bytes\n=========     at reduce+0x90\n"
+             "========= ERROR SUMMARY: 1 error\n")
+    assert gpu_check.sanitizer_errors(found) == (True, 1)
+    # Killed before the summary: the reports printed so far count.
+    killed = ("========= COMPUTE-SANITIZER\n========= Invalid __global__ write of size 16 bytes\n"
+              "========= Error: Race reported between Write access at a and Read access at b\n")
+    assert gpu_check.sanitizer_errors(killed) == (False, 2)
+    assert gpu_check.sanitizer_errors("========= COMPUTE-SANITIZER\n") == (False, 0)

@@ -624,6 +624,20 @@ SANITIZER_MEMCHECK = ("(float32 and (raw-finalize or every_offset or every_small
 SANITIZER_RACECHECK = "float32-SUM-raw-finalize or float32-MAX-raw-finalize"
 
 
+def sanitizer_errors(text: str) -> tuple[bool, int]:
+    """(whether the tool printed its summary, the errors it counted) from
+    compute-sanitizer's output. memcheck ends with "ERROR SUMMARY: N errors",
+    racecheck with "RACECHECK SUMMARY: H hazards displayed (N errors, W
+    warnings)"; warnings are not errors. A run killed before its summary is
+    judged by the reports printed as they happened."""
+    counts = [int(n) for n in re.findall(r"^=+ ERROR SUMMARY: (\d+) error", text, re.M)]
+    counts += [int(n) for n in re.findall(r"^=+ RACECHECK SUMMARY: \d+ hazards? displayed \((\d+) error", text, re.M)]
+    if counts:
+        return True, sum(counts)
+    reports = re.findall(r"^=+ (?!\w+ SUMMARY)(?:Invalid|Program hit|Error|Race|.*[Hh]azard)", text, re.M)
+    return False, len(reports)
+
+
 def step_sanitizer(check: "Check", run: StepRun):
     cs = (check.facts.get("tools") or {}).get("compute-sanitizer") or shutil.which("compute-sanitizer")
     runtime = check.facts.get("runtime", "?")
@@ -655,10 +669,7 @@ def step_sanitizer(check: "Check", run: StepRun):
                 PY, *pytest_argv([check.kernel_file], junit, ["-k", select])]
         out = run.run(argv, timeout=max(20.0, run.left() * share), env=env)
         text = run.output(out)
-        summary = re.findall(r"ERROR SUMMARY: (\d+) error", text)
-        # Reports are printed as they happen: counted also when killed.
-        reported = len(re.findall(r"^=+ (?:Invalid|Program hit|Error|Race|.*[Hh]azard)", text, re.M))
-        errors = sum(int(x) for x in summary) if summary else reported
+        summary, errors = sanitizer_errors(text)
         junit_status, junit_reason = summarize_junit(pytest_results(junit, run, out), out)
         if errors or out.rc == 99:
             status, why = FAIL, f"{errors} sanitizer errors: " + (_first_error_line(text) or "")
