@@ -257,7 +257,8 @@ def env_summary(d: dict) -> str:
     tf = d.get("torch") or {}
     if gpus:
         g = gpus[0]
-        parts.append(f"{len(gpus)} x {g.get('name', '?')} ({g.get('memory.total [MiB]', '?')} MiB)")
+        # nvidia-smi's csv values carry their units ("143771 MiB").
+        parts.append(f"{len(gpus)} x {g.get('name', '?')} ({g.get('memory.total [MiB]', '?')})")
         parts.append(f"driver {g.get('driver_version', '?')}")
         parts.append(f"compute mode {g.get('compute_mode', '?')}, MIG {g.get('mig.mode.current', '?')}")
     else:
