@@ -3,6 +3,8 @@
     python3 tools/gpu_probes.py env    --json FILE   facts about the machine
     python3 tools/gpu_probes.py ipc    --json FILE   CUDA IPC with torch alone
     python3 tools/gpu_probes.py import --json FILE   smddp and its CUDA module
+    python3 tools/gpu_probes.py memops --json FILE   two processes meeting through
+                                                     stream memory operations
 
 Each writes a JSON object to FILE: {"status": "ok"|"FAIL"|"skipped",
 "reason": one line, "details": {...}}. The file is rewritten as the probe
@@ -493,7 +495,165 @@ def probe_import(rep: Report) -> None:
     rep.finish("ok" if ok else "FAIL", f"{head}; {where}: device_reduce " + ("works" if ok else "gave wrong values"))
 
 
-PROBES = {"env": probe_env, "ipc": probe_ipc, "import": probe_import}
+# ---------------------------------------------------------------- memops
+
+# cuStreamWaitValue32's flags (cuda.h): wait until (int32)(*addr - value) >= 0.
+CU_STREAM_WAIT_VALUE_GEQ = 0x0
+
+
+def _driver():
+    """libcuda's stream memory operations, through ctypes (torch alone)."""
+    import ctypes
+
+    lib = ctypes.CDLL("libcuda.so.1")
+    fns = []
+    for name in ("cuStreamWriteValue32", "cuStreamWaitValue32"):
+        fn = None
+        for symbol in (name + "_v2", name):
+            fn = getattr(lib, symbol, None)
+            if fn is not None:
+                break
+        if fn is None:
+            raise RuntimeError(f"libcuda.so.1 has no {name}")
+        fn.argtypes = [ctypes.c_void_p, ctypes.c_uint64, ctypes.c_uint32, ctypes.c_uint]
+        fn.restype = ctypes.c_int
+        fns.append(fn)
+    return fns
+
+
+def _memops_rounds(write, wait, stream, post: int, await_: int, first: int, rounds: int, leader: bool) -> None:
+    """`rounds` ping-pong rounds enqueued on `stream` without the host: the
+    leader posts k then awaits the answer k; the other awaits k, then posts it."""
+    for k in range(first, first + rounds):
+        ops = ((write, post), (wait, await_)) if leader else ((wait, await_), (write, post))
+        for fn, addr in ops:
+            flags = CU_STREAM_WAIT_VALUE_GEQ if fn is wait else 0
+            rc = fn(stream, addr, k, flags)
+            if rc != 0:
+                raise RuntimeError(f"{fn.__name__} returned CUresult {rc}")
+
+
+def _memops_child(conn) -> None:  # pragma: no cover - runs on a GPU
+    import torch
+
+    try:
+        torch.cuda.set_device(0)
+        write, wait = _driver()
+        flags = _recv(conn, 30)
+        ping, pong = flags[0].data_ptr(), flags[1].data_ptr()
+        stream = torch.cuda.current_stream().cuda_stream
+        while True:
+            msg = _recv(conn, 60)
+            if msg[0] == "end":
+                break
+            if msg[0] == "memops":
+                _, first, rounds = msg
+                _memops_rounds(write, wait, stream, pong, ping, first, rounds, leader=False)
+                conn.send(("enqueued", None))
+                torch.cuda.synchronize()
+                conn.send(("done", None))
+            elif msg[0] == "host":
+                # The host in the loop: answer each ping after this
+                # process's own work on the GPU is done.
+                _, rounds = msg
+                x = torch.zeros(1024, device="cuda")
+                for _ in range(rounds):
+                    _recv(conn, 30)
+                    x.add_(1.0)
+                    torch.cuda.synchronize()
+                    conn.send("pong")
+                conn.send(("done", None))
+    except Exception:
+        conn.send(("error", traceback.format_exc()))
+
+
+def probe_memops(rep: Report) -> None:
+    """Two processes sharing GPU 0 meet through flags in device memory with
+    cuStreamWriteValue32/cuStreamWaitValue32 (the stream waits; no kernel
+    spins and no host thread waits), against the same rounds with the host in
+    the loop: what one round costs when the two contexts take turns on the
+    GPU, and whether a wait can be captured in a CUDA graph."""
+    import torch
+    import torch.multiprocessing as mp
+
+    if not torch.cuda.is_available():
+        rep.finish("skipped", "no GPU (torch.cuda.is_available() is False)")
+        return
+    d = rep.details
+    write, wait = _driver()
+    ctx = mp.get_context("spawn")
+    conn, child_conn = ctx.Pipe()
+    child = ctx.Process(target=_memops_child, args=(child_conn,), daemon=True)
+    child.start()
+    child_conn.close()
+
+    def answer(kind: str):
+        got, payload = _recv(conn, 60)
+        if got == "error":
+            d["child_error"] = payload
+            raise RuntimeError("the child failed: " + payload.strip().splitlines()[-1])
+        assert got == kind, (got, kind)
+        return payload
+
+    results: dict[str, float] = {}
+    try:
+        flags = torch.zeros(2, 16, dtype=torch.int32, device="cuda")  # ping, pong: 64 B apart
+        torch.cuda.synchronize()
+        conn.send(flags)
+        ping, pong = flags[0].data_ptr(), flags[1].data_ptr()
+        stream = torch.cuda.current_stream().cuda_stream
+        first = 1
+        for rounds in (1, 10, 200):
+            conn.send(("memops", first, rounds))
+            answer("enqueued")
+            t0 = time.perf_counter()
+            _memops_rounds(write, wait, stream, ping, pong, first, rounds, leader=True)
+            torch.cuda.synchronize()
+            results[f"memops_{rounds}_us"] = round((time.perf_counter() - t0) / rounds * 1e6, 1)
+            answer("done")
+            first += rounds
+            rep.set("round_us", results)
+        rounds = 50
+        conn.send(("host", rounds))
+        x = torch.zeros(1024, device="cuda")
+        t0 = time.perf_counter()
+        for _ in range(rounds):
+            x.add_(1.0)
+            torch.cuda.synchronize()
+            conn.send("ping")
+            if _recv(conn, 30) != "pong":
+                raise RuntimeError("the child answered out of turn")
+        results["host_50_us"] = round((time.perf_counter() - t0) / rounds * 1e6, 1)
+        answer("done")
+        rep.set("round_us", results)
+        # One round captured in a graph, replayed against the child's eager round.
+        try:
+            g = torch.cuda.CUDAGraph()
+            side = torch.cuda.Stream()
+            with torch.cuda.graph(g, stream=side):
+                _memops_rounds(write, wait, side.cuda_stream, ping, pong, first, 1, leader=True)
+            conn.send(("memops", first, 1))
+            answer("enqueued")
+            g.replay()
+            torch.cuda.synchronize()
+            answer("done")
+            d["capture"] = "ok"
+        except Exception as e:
+            d["capture"] = f"FAIL: {type(e).__name__}: {e}"
+        conn.send(("end",))
+    except Exception as e:
+        d["error"] = traceback.format_exc()
+        rep.finish("FAIL", f"{type(e).__name__}: {e}; so far {results}")
+        return
+    finally:
+        child.join(timeout=20)
+        if child.is_alive():
+            child.kill()
+    text = ", ".join(f"{k} {v}" for k, v in results.items())
+    rep.finish("ok", f"one round (us): {text}; capture {d.get('capture')}")
+
+
+PROBES = {"env": probe_env, "ipc": probe_ipc, "import": probe_import, "memops": probe_memops}
 
 
 def main() -> int:
