@@ -287,6 +287,28 @@ def test_a_hung_kernel_test_is_isolated_and_the_rest_still_run(tmp_path, monkeyp
     assert "test_b_hangs" in log and "most recent call first" in log
 
 
+def test_tests_selects_test_ids_by_name(tmp_path, monkeypatch):
+    """--tests x,fails: only the ids naming one of them run, the kernel
+    tests included (none here), and nothing else is reported."""
+    monkeypatch.chdir(ROOT)
+    (tmp_path / "tests").mkdir()
+    (tmp_path / "tests" / "test_fake_kernel.py").write_text(FAKE_KERNEL_TESTS)
+    (tmp_path / "tests" / "test_fake_alone.py").write_text(f"MEET = {str(tmp_path)!r}\n" + FAKE_ALONE_TESTS)
+    out = tmp_path / "out"
+    steps = [gpu_check.Step(s.name, s.fn, cap_s=60, min_s=1) for s in gpu_check.STEPS if s.name == "tests"]
+    args = gpu_check.parse_args(["--deadline-s", "90", "--out", str(out), "--test-cap-s", "20",
+                                 "--tests", "test_x,y_fails"])
+    check = gpu_check.Check(args, steps)
+    check.test_root = str(tmp_path)
+    check.kernel_file = "tests/test_fake_kernel.py"
+    check.alone_files = ["tests/test_fake_alone.py"]
+    check.run()
+    (tests,) = json.loads((out / "results.json").read_text())["steps"]
+    assert sorted(s["name"] for s in tests["subs"]) == ["test_fake_alone.py::test_x",
+                                                        "test_fake_alone.py::test_y_fails"], tests["subs"]
+    assert tests["reason"] == "1 ok, 1 FAIL", tests
+
+
 def test_the_whole_check_without_a_gpu(tmp_path):
     """The real steps, as on the device, where there is no GPU: the machine
     facts, the IPC preflight and the import check run, every GPU step says

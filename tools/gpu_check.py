@@ -10,8 +10,8 @@ machine's python3 with its torch; nothing is installed):
 (give the command a limit of about 9 minutes: the check ends by itself after
 8, --deadline-s 480). Options: --deadline-s S, --skip-build (use the
 extension already built), --only A,B / --skip A,B (step names), --out DIR
-(default $OUT), --list. Rerunning some steps on the same machine, where the
-build is still there:
+(default $OUT), --tests A,B (only the test ids containing A or B), --list.
+Rerunning some steps on the same machine, where the build is still there:
 
     OUT=$OUT python3 tools/gpu_check.py --skip-build --only env,kernel,tests --deadline-s 240
 
@@ -745,6 +745,10 @@ def step_tests(check: "Check", run: StepRun):
     first of them alone (the one it was stuck in), the rest together, again
     while some are left and time allows."""
     ids = collect_ids(run, check.alone_files + [check.kernel_file], cwd=check.test_root)
+    if check.args.tests:
+        wanted = [w for w in check.args.tests.split(",") if w]
+        ids = [i for i in ids if any(w in i for w in wanted)]
+        run.details["selected_by"] = wanted
     if not ids:
         return FAIL, "no test ids collected (see the log)"
     env = {"SMDDP_TEST_TIMEOUT_SCALE": str(check.args.test_timeout_scale), "SMDDP_TEST_STACK_DUMPS": "1"}
@@ -947,7 +951,7 @@ STEPS = [
          doc="bench/gpu_kernels.py"),
     Step("bench-collectives", step_bench_collectives, cap_s=120, min_s=60, gpu=True, needs=("import",),
          doc="bench/gpu_collectives.py --nproc 2 (staged and zero-copy)"),
-    Step("bench-latency", step_bench_latency, cap_s=90, min_s=50, gpu=True, needs=("import",),
+    Step("bench-latency", step_bench_latency, cap_s=120, min_s=50, gpu=True, needs=("import",),
          doc="bench/gpu_latency.py --nproc 2"),
     Step("tests", step_tests, cap_s=200, min_s=60, gpu=True, needs=("import",), doc="each GPU test id alone, --test-jobs at a time"),
     Step("sanitizer", step_sanitizer, cap_s=90, min_s=20, gpu=True, needs=("import",), doc="compute-sanitizer"),
@@ -1205,6 +1209,7 @@ def parse_args(argv: list[str] | None = None):
     p.add_argument("--skip", help="leave these steps out (comma-separated)")
     p.add_argument("--list", action="store_true", help="list the steps and exit")
     p.add_argument("--force-gpu-steps", action="store_true", help="run the GPU steps even where no GPU is seen")
+    p.add_argument("--tests", help="run only the test ids that contain one of these (comma-separated)")
     p.add_argument("--test-cap-s", type=float, default=150.0, help="the cap of one test id in the tests step")
     p.add_argument("--test-jobs", type=int, default=3, help="test ids the tests step runs side by side (default 3)")
     p.add_argument("--test-timeout-scale", type=float, default=0.5,
