@@ -1,8 +1,10 @@
 """The latency of a small native CUDA AllReduce, ranks sharing one GPU:
 host synchronization (the node's host threads meet between steps), device
-synchronization (flags awaited by kernels, SMDDP_CUDA_SYNC=device), and
-device synchronization replayed from a CUDA graph, each in two steps between
-the ranks or, with "+oneshot", in one (SMDDP_CUDA_ONESHOT_BYTES), in one run.
+synchronization (flags awaited by kernels, SMDDP_CUDA_SYNC=device), memops
+synchronization (flags awaited by the streams' own memory operations,
+SMDDP_CUDA_SYNC=memops), the last two also replayed from a CUDA graph, each
+in two steps between the ranks or, with "+oneshot", in one
+(SMDDP_CUDA_ONESHOT_BYTES), in one run.
 
     python bench/gpu_latency.py [--nproc 2] [--bytes 4K] [-n 200] [--json FILE]
 
@@ -26,7 +28,8 @@ import tempfile
 if __package__ in (None, ""):  # run as a script: the repository's root is one folder up
     sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-MODES = ("host", "host+oneshot", "device", "device+graph", "device+graph+oneshot")
+MODES = ("host", "host+oneshot", "device", "device+graph", "device+graph+oneshot", "memops", "memops+graph",
+         "memops+graph+oneshot")
 
 
 def _rank(rank: int, world: int, init: str, mode: str, nbytes: int, iters: int, out) -> None:
@@ -91,9 +94,9 @@ def main(argv: list[str] | None = None) -> int:
     args = p.parse_args(argv)
     for mode in args.modes.split(","):
         sync, *rest = mode.split("+")
-        bad = sync not in ("host", "device") or not set(rest) <= {"graph", "oneshot"}
-        if bad or ("graph" in rest and sync != "device"):
-            p.error(f"--modes: {mode!r} is not a mode; use {', '.join(MODES)} (graph needs device)")
+        bad = sync not in ("host", "device", "memops") or not set(rest) <= {"graph", "oneshot"}
+        if bad or ("graph" in rest and sync == "host"):
+            p.error(f"--modes: {mode!r} is not a mode; use {', '.join(MODES)} (graph needs device or memops)")
     import torch
     import torch.multiprocessing as mp
 

@@ -575,6 +575,82 @@ def test_cuda_device_sync(pools):
         assert failures == []
 
 
+@pytest.mark.timeout(250)
+def test_cuda_memops_sync(pools):
+    """SMDDP_CUDA_SYNC=memops: the node's ranks meet through the streams' own
+    memory operations; the same references and stream semantics as host
+    synchronization, captured and replayed in both capture modes, and with
+    zero-copy and one-shot calls mixed with staged ones (the flags return to
+    rest after every exchange, which is what lets a graph replay them)."""
+    if not torch.cuda.is_available():
+        pytest.skip("no GPU")
+    per_gpu = max(1, 2 // torch.cuda.device_count())
+    pool = pools(2, SMDDP_CUDA_RANKS_PER_GPU=str(per_gpu), SMDDP_CUDA_STAGING_BYTES="1M", SMDDP_CUDA_SYNC="memops")
+    for failures in pool.run(case_collectives, [0, 7, 4099, (1 << 20) + 3], timeout=150):
+        assert failures == []
+    for failures in pool.run(case_streams_overlap_and_lifetime, timeout=120):
+        assert failures == []
+    for failures in pool.run(case_graph_capture, ("thread_local", "global"), timeout=120):
+        assert failures == []
+    mixed = pools(2, SMDDP_CUDA_RANKS_PER_GPU=str(per_gpu), SMDDP_CUDA_STAGING_BYTES="1M", SMDDP_CUDA_SYNC="memops",
+                  SMDDP_CUDA_ZERO_COPY="1", SMDDP_CUDA_ONESHOT_BYTES="64K")
+    for failures in mixed.run(case_collectives, [0, 7, 4099, (1 << 20) + 3], timeout=150):
+        assert failures == []
+    for failures in mixed.run(case_zero_copy_buffers, 4099, timeout=150):
+        assert failures == []
+    for failures in mixed.run(case_graph_capture, timeout=120):
+        assert failures == []
+    for mapped, _, _ in mixed.run(case_zero_copy_counts, timeout=60):
+        assert mapped > 0, mapped
+
+
+def case_stalled_peer(stall_s: float) -> dict:
+    """Rank 1's stream is busy for `stall_s`, past the group's timeout, when
+    the collective is enqueued; rank 0's stream waits for rank 1's flags on
+    the GPU. Rank 0's watchdog fails the call, and the abort must end rank
+    0's waits on the device: its stream drains long before rank 1's stall."""
+    dev, rank = _device(), dist.get_rank()
+    t = torch.ones(1 << 10, device=dev)
+    dist.all_reduce(t)
+    torch.cuda.synchronize()
+    if rank == 1:
+        torch.cuda._sleep(int(stall_s * 2e9))
+    t0 = time.time()
+    work = dist.all_reduce(t, async_op=True)
+    while not work.is_completed() and time.time() - t0 < 30:
+        time.sleep(0.05)
+    out: dict = {"first": ("no error", ""), "failed_after_s": time.time() - t0}
+    try:
+        work.wait()
+    except Exception as e:  # noqa: BLE001
+        out["first"] = (type(e).__name__, str(e))
+    t1 = time.time()
+    torch.cuda.synchronize()
+    out["drained_s"] = time.time() - t1
+    return out
+
+
+@pytest.mark.timeout(150)
+@pytest.mark.parametrize("sync", ["device", "memops"])
+def test_cuda_waits_on_a_stalled_peer_end_at_the_abort(tmp_path, sync):
+    if not torch.cuda.is_available():
+        pytest.skip("no GPU")
+    from dist_harness import RankPool
+
+    per_gpu = max(1, 2 // torch.cuda.device_count())
+    pool = RankPool(2, env={"SMDDP_CUDA_RANKS_PER_GPU": str(per_gpu), "SMDDP_CUDA_SYNC": sync}, pg_timeout=5.0)
+    try:
+        results = pool.run(case_stalled_peer, 15.0, timeout=120)
+    finally:
+        pool.kill()
+    r = results[0]
+    kind, msg = r["first"]
+    assert kind == "DistBackendError" and "did not finish within the group's timeout" in msg, r
+    assert r["failed_after_s"] < 12, r
+    # Released at the abort, not when rank 1's stall ends (15 s after the call).
+    assert r["failed_after_s"] + r["drained_s"] < 12, r
+
+
 def case_allreduce_bits(sizes: list[int]) -> dict[str, str]:
     """Every rank's AllReduce results, as digests of their bytes, for inputs
     whose sums round (so that the order of the additions shows)."""

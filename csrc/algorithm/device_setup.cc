@@ -51,7 +51,7 @@ std::string captureRefusal(DeviceMode mode, bool device_sync, int local_size) {
   }
   if (!device_sync && local_size > 1) {
     return str("the ", local_size, " ranks of its node meet in host rounds: ",
-               deviceSyncServes(local_size) ? std::string("set SMDDP_CUDA_SYNC=device on every rank")
+               deviceSyncServes(local_size) ? std::string("set SMDDP_CUDA_SYNC=device (or memops) on every rank")
                                             : str("nodes of more than ", kMaxDeviceSources, " ranks cannot be captured"));
   }
   return std::string();

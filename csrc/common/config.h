@@ -143,12 +143,14 @@ constexpr int kYieldUsOversubscribed = 2000;
     "stage through host memory). Where a rank cannot map it (a sandboxed "       \
     "runtime), every rank stages through host memory, with a warning naming "    \
     "that rank.")                                                               \
-  X(cuda_sync, "SMDDP_CUDA_SYNC", true, choice, "host", "host|device",                 \
+  X(cuda_sync, "SMDDP_CUDA_SYNC", true, choice, "host", "host|device|memops",          \
     "How the ranks of a node meet between the steps of a CUDA collective: "    \
-    "host (events, and rounds of the host threads) or device (flags written "  \
-    "and awaited by kernels on the stream: the host only enqueues, and a "     \
-    "collective can be captured in a CUDA graph; nodes of at most 16 ranks, "   \
-    "larger ones meet in host rounds).")                                       \
+    "host (events, and rounds of the host threads), device (flags written "    \
+    "and awaited by kernels on the stream) or memops (flags written and "      \
+    "awaited by the stream's own memory operations, no kernel: a waiting "     \
+    "rank leaves the GPU to the others). With device and memops the host "     \
+    "only enqueues, and a collective can be captured in a CUDA graph; nodes "  \
+    "of at most 16 ranks, larger ones meet in host rounds.")                   \
   X(cuda_batch_copies, "SMDDP_CUDA_BATCH_COPIES", false, bool, "0", "",                \
     "Copy to or from every node peer at once, in one batch the copy engines "   \
     "may run side by side (cudaMemcpyBatchAsync, CUDA 12.8 or later; not in "  \

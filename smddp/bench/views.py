@@ -259,7 +259,8 @@ def gpu_latency_markdown(rec: dict[str, Any]) -> tuple[str, str]:
     rows = [[r["mode"], r["latency_us"], "ok" if r["ok"] else "WRONG"] for r in rec["results"]]
     return table.markdown(cols, rows), (
         f"{rec['device']}: a native {s['bytes']} AllReduce of {s['nproc']} ranks sharing the GPU; host: the ranks' "
-        "host threads meet between steps; device: kernels await flags (SMDDP_CUDA_SYNC=device); graph: replayed "
+        "host threads meet between steps; device: kernels await flags (SMDDP_CUDA_SYNC=device); memops: the "
+        "streams' own memory operations await them (SMDDP_CUDA_SYNC=memops); graph: replayed "
         "from a CUDA graph of 10 calls; oneshot: one step (SMDDP_CUDA_ONESHOT_BYTES). The ranks' contexts take "
         "turns on the one GPU, so these include its time slicing, not NVLink")
 

@@ -112,12 +112,28 @@ CudaCommunicator::CudaCommunicator(
   c.node = node_.get();
   // The device-side steps wait on at most kMaxDeviceSources peers' flags;
   // a larger node meets in host rounds.
-  const bool device_sync = config.cuda_sync == "device" && deviceSyncServes(topology.localSize());
-  if (config.cuda_sync == "device" && !device_sync && topology.myLocalRank() == 0) {
-    SMDDP_LOG(kWarn, "rank ", topology.rank(), ": SMDDP_CUDA_SYNC=device serves nodes of at most ", kMaxDeviceSources,
-              " ranks; this node has ", topology.localSize(), ", whose ranks meet in host rounds (no CUDA graph capture)");
+  const bool on_device = config.cuda_sync != "host";
+  const bool device_sync = on_device && deviceSyncServes(topology.localSize());
+  if (on_device && !device_sync && topology.myLocalRank() == 0) {
+    SMDDP_LOG(kWarn, "rank ", topology.rank(), ": SMDDP_CUDA_SYNC=", config.cuda_sync, " serves nodes of at most ",
+              kMaxDeviceSources, " ranks; this node has ", topology.localSize(),
+              ", whose ranks meet in host rounds (no CUDA graph capture)");
   }
-  if (device_sync) {
+  if (device_sync && config.cuda_sync == "memops") {
+    // The inboxes live in the staging headers, zeroed (at rest) before the
+    // handles were exchanged.
+    memops_ = std::make_unique<MemOpStream>();
+    MemOpFlags flags;
+    flags.local_size = topology.localSize();
+    flags.me = topology.myLocalRank();
+    for (int l = 0; l < flags.local_size; ++l) {
+      flags.ready[l] = ipc_->readyInbox(l);
+      flags.busy[l] = ipc_->busyInbox(l);
+    }
+    c.device_sync = true;
+    c.memops = memops_.get();
+    c.memop_steps = memOpSteps(flags);
+  } else if (device_sync) {
     cudaCheck(cudaMalloc(reinterpret_cast<void**>(&sync_counter_), sizeof(uint64_t)), "cudaMalloc of the sync counter");
     transport::zeroDeviceMemory(sync_counter_, sizeof(uint64_t), "zeroing the sync counter");
     cudaCheck(cudaHostAlloc(reinterpret_cast<void**>(&sync_words_), sizeof(SyncWords), cudaHostAllocMapped),
@@ -170,6 +186,8 @@ CudaCommunicator::CudaCommunicator(
 CudaCommunicator::~CudaCommunicator() {
   cudaSetDevice(ctx_->device);
   schedule_.reset();
+  // The releaser writes into this rank's staging header: it stops first.
+  memops_.reset();
   if (ipc_) {
     // Peers free their exports only after everybody closed them.
     ipc_->closeImports();
@@ -210,7 +228,7 @@ CudaCommunicator::~CudaCommunicator() {
 }
 
 std::string CudaCommunicator::describe() const {
-  const std::string ipc = str("cuda ipc (", ctx_->device_sync ? "device" : "host", " sync",
+  const std::string ipc = str("cuda ipc (", ctx_->memops != nullptr ? "memops" : ctx_->device_sync ? "device" : "host", " sync",
                               buffers_ ? str(", zero-copy: ", ctx_->mapped_calls.load(), " calls mapped, ",
                                              ctx_->staged_calls.load(), " staged, ", ctx_->revoked_segments.load(),
                                              " segments revoked")
@@ -233,6 +251,10 @@ void CudaCommunicator::abort(const std::string& why) {
   if (sync_words_ != nullptr) {
     // Device-side waits see it through the mapping and end.
     reinterpret_cast<volatile SyncWords*>(sync_words_)->abort = 1;
+  }
+  if (memops_) {
+    // Stream waits have no abort word: the release makes them pass.
+    memops_->releaseForever(ctx_->memop_steps.release, ctx_->device);
   }
   if (arena_) {
     arena_->abort(why);

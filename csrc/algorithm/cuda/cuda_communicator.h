@@ -42,6 +42,7 @@
 #include "algorithm/communicator.h"
 #include "algorithm/cuda/device_memory.h"
 #include "algorithm/cuda/device_sync.h"
+#include "algorithm/cuda/memop_sync.h"
 #include "algorithm/device_setup.h"
 #include "algorithm/node_collectives.h"
 #include "transport/cuda/ipc_arena.h"
@@ -127,6 +128,9 @@ class CudaCommunicator {
   // SMDDP_CUDA_SYNC=device: the counter (device memory) and the words of
   // the waits (pinned host memory mapped into the device).
   uint64_t* sync_counter_ = nullptr;
+  // SMDDP_CUDA_SYNC=memops: the driver's entry points, and after an abort
+  // the thread that keeps releasing this rank's waits.
+  std::unique_ptr<MemOpStream> memops_;
   SyncWords* sync_words_ = nullptr;
   std::atomic<bool> aborted_{false};
   std::shared_ptr<const std::string> waits_on_;

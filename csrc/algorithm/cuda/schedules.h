@@ -13,6 +13,7 @@
 #include "algorithm/communicator.h"
 #include "algorithm/cuda/device_memory.h"
 #include "algorithm/cuda/device_sync.h"
+#include "algorithm/cuda/memop_sync.h"
 #include "algorithm/chunks.h"
 #include "algorithm/device_plan.h"
 #include "algorithm/node_collectives.h"
@@ -47,6 +48,10 @@ struct DeviceContext {
   // long a wait may last), made once with the communicator.
   bool device_sync = false;
   ExchangeSteps sync_steps;
+  // SMDDP_CUDA_SYNC=memops (device_sync is set too): the same three steps
+  // as stream memory operations on each rank's inboxes (memop_sync.h).
+  const MemOpStream* memops = nullptr;
+  MemOpSteps memop_steps;
   // SMDDP_CUDA_ZERO_COPY: the node's peers' own buffers, mapped;
   // how many calls went through them and how many were staged (read by
   // describe() from any thread).

@@ -119,6 +119,20 @@ void waitPeers(const DeviceContext& ctx, cudaStream_t s, cudaEvent_t (transport:
   }
 }
 
+enum class Step { kBefore, kBetween, kAfter };
+
+// One step of the device-side synchronization: kernels, or the stream's own
+// memory operations.
+void deviceStep(const DeviceContext& ctx, Step step, cudaStream_t s) {
+  if (ctx.memops != nullptr) {
+    const MemOpSteps& m = ctx.memop_steps;
+    ctx.memops->enqueue(step == Step::kBefore ? m.before : step == Step::kBetween ? m.between : m.after, s);
+    return;
+  }
+  const ExchangeSteps& k = ctx.sync_steps;
+  launchSyncStep(step == Step::kBefore ? k.before : step == Step::kBetween ? k.between : k.after, s);
+}
+
 void exchangeOnDevice(
     DeviceContext& ctx,
     const OpArgs& args,
@@ -131,11 +145,11 @@ void exchangeOnDevice(
     ctx.node->round(args.deadline);
     protocol::verifyCall(*ctx.arena, args);
   }
-  launchSyncStep(ctx.sync_steps.before, s);
+  deviceStep(ctx, Step::kBefore, s);
   fill();
-  launchSyncStep(ctx.sync_steps.between, s);
+  deviceStep(ctx, Step::kBetween, s);
   consume();
-  launchSyncStep(ctx.sync_steps.after, s);
+  deviceStep(ctx, Step::kAfter, s);
 }
 
 } // namespace
@@ -450,11 +464,11 @@ void mappedStep(DeviceContext& ctx, const OpArgs& args, cudaStream_t s, bool fir
   if (ctx.device_sync) {
     // No `before`: a mapped step writes no staging buffer, and the peers'
     // reads of this rank's tensors in an earlier step ended with it.
-    launchSyncStep(ctx.sync_steps.between, s);
+    deviceStep(ctx, Step::kBetween, s);
     consume();
-    launchSyncStep(ctx.sync_steps.after, s);
+    deviceStep(ctx, Step::kAfter, s);
     // The `before` of a next exchange: every peer's consume is done.
-    launchSyncStep(ctx.sync_steps.before, s);
+    deviceStep(ctx, Step::kBefore, s);
     return;
   }
   const int me = ctx.topo.myLocalRank();

@@ -208,6 +208,10 @@ CudaPath::~CudaPath() {
   if (!aborted_.load() && !drain(Deadline::after(args_.timeout))) {
     SMDDP_LOG(kWarn, args_.who, ": device collectives still running at teardown after the group's timeout; aborting them");
     abort("the group is being destroyed while device collectives still run");
+  }
+  if (aborted_.load()) {
+    // Aborted waits end (kernels read the abort word, stream waits are
+    // released): the streams run out before the buffers they use go.
     drain(Deadline::after(std::chrono::seconds(10)));
   }
   watchdog_.stop();

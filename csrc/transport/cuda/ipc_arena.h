@@ -23,8 +23,9 @@
 //
 // Each staging buffer begins with a header of kHeaderBytes holding the flags
 // of the device-side synchronization (algorithm/cuda/device_sync.h): this
-// rank's `ready` and `done` words, each on a line of its own; the staged
-// data follows it, 4 KiB aligned.
+// rank's `ready` and `done` words, each on a line of its own, and the inboxes
+// of the memory-operation synchronization (algorithm/cuda/memop_sync.h), a
+// word per local rank each; the staged data follows it, 4 KiB aligned.
 //
 // Works with several ranks on one GPU (each process has its own context;
 // IPC maps between them).
@@ -83,6 +84,15 @@ class CudaIpcArena : public DeviceLinks {
   }
   uint64_t* doneFlag(int l) const {
     return reinterpret_cast<uint64_t*>(staging_[static_cast<size_t>(l)] + 128);
+  }
+  // Local rank l's memory-operation inboxes (a word per local rank, at most
+  // kInboxWords).
+  static constexpr int kInboxWords = 64;
+  uint32_t* readyInbox(int l) const {
+    return reinterpret_cast<uint32_t*>(staging_[static_cast<size_t>(l)] + 1024);
+  }
+  uint32_t* busyInbox(int l) const {
+    return reinterpret_cast<uint32_t*>(staging_[static_cast<size_t>(l)] + 2048);
   }
   cudaEvent_t ready(int l) const {
     return ready_[static_cast<size_t>(l)];
