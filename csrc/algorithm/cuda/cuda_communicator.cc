@@ -228,7 +228,8 @@ CudaCommunicator::~CudaCommunicator() {
 }
 
 std::string CudaCommunicator::describe() const {
-  const std::string ipc = str("cuda ipc (", ctx_->memops != nullptr ? "memops" : ctx_->device_sync ? "device" : "host", " sync",
+  const char* sync = ctx_->memops != nullptr ? "memops" : ctx_->device_sync ? "device" : "host";
+  const std::string ipc = str("cuda ipc (", sync, " sync",
                               buffers_ ? str(", zero-copy: ", ctx_->mapped_calls.load(), " calls mapped, ",
                                              ctx_->staged_calls.load(), " staged, ", ctx_->revoked_segments.load(),
                                              " segments revoked")

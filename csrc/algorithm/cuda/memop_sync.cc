@@ -18,11 +18,13 @@ template <typename Fn>
 Fn entryPoint(const char* name) {
   void* fn = nullptr;
   cudaDriverEntryPointQueryResult found = cudaDriverEntryPointSymbolNotFound;
-  const cudaError_t err = cudaGetDriverEntryPointByVersion(name, &fn, kEntryPointVersion, cudaEnableDefault, &found);
+  const cudaError_t err =
+      cudaGetDriverEntryPointByVersion(name, &fn, kEntryPointVersion, cudaEnableDefault, &found);
   if (err != cudaSuccess || found != cudaDriverEntryPointSuccess || fn == nullptr) {
-    SMDDP_THROW(kComm, "SMDDP_CUDA_SYNC=memops needs the driver's ", name, ", which ",
-                err != cudaSuccess ? str("could not be looked up: ", cudaGetErrorName(err), " (", cudaGetErrorString(err), ")")
-                                   : std::string("this driver does not offer"),
+    const std::string why =
+        err != cudaSuccess ? str("could not be looked up: ", cudaGetErrorName(err), " (", cudaGetErrorString(err), ")")
+                           : std::string("this driver does not offer");
+    SMDDP_THROW(kComm, "SMDDP_CUDA_SYNC=memops needs the driver's ", name, ", which ", why,
                 "; use SMDDP_CUDA_SYNC=device or host");
   }
   return reinterpret_cast<Fn>(fn);
@@ -31,7 +33,7 @@ Fn entryPoint(const char* name) {
 void check(int rc, const char* what) {
   if (rc != CUDA_SUCCESS) {
     SMDDP_THROW(kComm, what, " failed: CUresult ", rc,
-                " (SMDDP_CUDA_SYNC=memops; SMDDP_CUDA_SYNC=device awaits the same flags with kernels)");
+                " (SMDDP_CUDA_SYNC=memops; SMDDP_CUDA_SYNC=device meets on the GPU with kernels instead)");
   }
 }
 
