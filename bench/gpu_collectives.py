@@ -3,7 +3,7 @@ ranks sharing one GPU (CUDA IPC between processes on the same device): the
 staged path and the zero-copy path (SMDDP_CUDA_ZERO_COPY) side by side, and
 beside them the floor: the same copies and reductions done by one process.
 
-    python bench/gpu_collectives.py [--nproc 2] [--sizes 1M,16M] [-n 20] [--json FILE]
+    python bench/gpu_collectives.py [--nproc 2] [--sizes 1M,16M] [-n 20] [--sync memops] [--json FILE]
 
 The smddp-bench sweep (nccl-tests' size, algbw and busbw; every result
 checked) with smddp:staged and smddp:zero-copy on CUDA tensors, every rank on
@@ -13,7 +13,11 @@ device synchronized. The ranks share the GPU (one GPU, not NVLink), so each
 path's time includes what switching between the ranks' contexts costs; the
 floor, one process moving the same bytes on one stream, shows how much that
 is. The floor goes into the record as "floor" and after the sweep's tables.
-Exit status 0, or 3 if a result was wrong.
+Both paths meet with --sync (SMDDP_CUDA_SYNC, default memops): where the
+ranks share a GPU, a meeting in host rounds or in a waiting kernel costs a
+turn of the contexts, which the zero-copy path (one meeting more per call)
+would pay more of than the copies it saves; the streams' own waits hand the
+GPU over at once. Exit status 0, or 3 if a result was wrong.
 """
 
 from __future__ import annotations
@@ -116,11 +120,13 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--sizes", default="1M,16M,64M,256M", help="nccl-tests sizes")
     p.add_argument("-n", "--iters", type=int, default=20, help="timed calls per size")
     p.add_argument("--json", default=os.path.join("bench-results", "gpu-collectives.json"), help="the record")
+    p.add_argument("--sync", default="memops", choices=("host", "device", "memops"),
+                   help="how the ranks meet (SMDDP_CUDA_SYNC; default memops)")
     args = p.parse_args(argv)
     from smddp.bench import cli
 
     gpu = (os.environ.get("CUDA_VISIBLE_DEVICES") or "0").split(",")[0]
-    os.environ.update(CUDA_VISIBLE_DEVICES=gpu, SMDDP_CUDA_RANKS_PER_GPU=str(args.nproc))
+    os.environ.update(CUDA_VISIBLE_DEVICES=gpu, SMDDP_CUDA_RANKS_PER_GPU=str(args.nproc), SMDDP_CUDA_SYNC=args.sync)
     sweep = ["--device", "cuda", "--backends", BACKENDS, "--nproc", str(args.nproc), "--nodes", "1",
              "--op", "all_gather,reduce_scatter,all_reduce", "--sizes", args.sizes, "-n",
              str(args.iters), "--timing", "barrier-each", "--rounds", "1", "--block-warmup", "0",

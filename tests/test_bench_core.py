@@ -363,3 +363,27 @@ def test_the_gpu_floor_moves_what_the_zero_copy_path_moves(tmp_path):
         assert ratios["smddp:staged"] == pytest.approx(2e-3 / (r["floor_us"] * 1e-6))
     assert floor[-1]["time_over_floor"]["smddp:zero-copy"] is None
     assert "the floor" in lines[1] and len(lines) == 4 + 3 and "n/a" in lines[-1]
+
+
+def test_the_gpu_collectives_bench_meets_as_told(tmp_path, monkeypatch):
+    """bench/gpu_collectives.py runs both paths with --sync as SMDDP_CUDA_SYNC
+    (memops unless told), every rank on one GPU, and refuses other modes."""
+    sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "bench"))
+    try:
+        import gpu_collectives as g
+    finally:
+        sys.path.pop(0)
+    from smddp.bench import cli
+
+    seen = []
+    monkeypatch.setattr(os, "environ", dict(os.environ))
+    monkeypatch.setattr(cli, "main", lambda argv: seen.append((dict(os.environ), argv)) or 0)
+    path = str(tmp_path / "none.json")
+    assert g.main(["--nproc", "3", "--json", path]) == 0
+    assert g.main(["--sync", "host", "--json", path]) == 0
+    env, argv = seen[0]
+    assert env["SMDDP_CUDA_SYNC"] == "memops" and env["SMDDP_CUDA_RANKS_PER_GPU"] == "3"
+    assert argv[argv.index("--backends") + 1] == g.BACKENDS and argv[argv.index("--nproc") + 1] == "3"
+    assert seen[1][0]["SMDDP_CUDA_SYNC"] == "host"
+    with pytest.raises(SystemExit):
+        g.main(["--sync", "kernels"])
