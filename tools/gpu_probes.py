@@ -5,6 +5,7 @@
     python3 tools/gpu_probes.py import --json FILE   smddp and its CUDA module
     python3 tools/gpu_probes.py memops --json FILE   two processes meeting through
                                                      stream memory operations
+                                                     (also run by the ipc step)
 
 Each writes a JSON object to FILE: {"status": "ok"|"FAIL"|"skipped",
 "reason": one line, "details": {...}}. The file is rewritten as the probe
