@@ -889,15 +889,16 @@ def case_rails_graph_keeps_its_scratch() -> list[str]:
 
 
 @pytest.mark.timeout(200)
-@pytest.mark.parametrize("pipeline", ["0", "1"])
-def test_cuda_rails_graph_capture_on_one_gpu(pools, pipeline):
-    """The rails schedule with device synchronization, captured in a CUDA
-    graph (2 emulated nodes x 2 on one GPU): replays stay right after a
-    larger call has grown the scratch the graph uses. SMDDP_CUDA_PIPELINE=1:
-    the rail's stream forked from the captured stream and joined again."""
+@pytest.mark.parametrize("pipeline,sync", [("0", "device"), ("1", "memops")])
+def test_cuda_rails_graph_capture_on_one_gpu(pools, pipeline, sync):
+    """The rails schedule with device synchronization (kernels, or the
+    streams' memory operations), captured in a CUDA graph (2 emulated nodes
+    x 2 on one GPU): replays stay right after a larger call has grown the
+    scratch the graph uses. SMDDP_CUDA_PIPELINE=1: the rail's stream forked
+    from the captured stream and joined again."""
     if not torch.cuda.is_available():
         pytest.skip("no GPU")
-    pool = pools(4, SMDDP_RANKS_PER_NODE="2", SMDDP_CUDA_SYNC="device", SMDDP_CUDA_PIPELINE=pipeline,
+    pool = pools(4, SMDDP_RANKS_PER_NODE="2", SMDDP_CUDA_SYNC=sync, SMDDP_CUDA_PIPELINE=pipeline,
                  **_one_gpu_rails(4))  # fmt: skip
     for failures in pool.run(case_rails_graph_keeps_its_scratch, timeout=150):
         assert failures == []
