@@ -40,7 +40,7 @@ void check(int rc, const char* what) {
 } // namespace
 
 MemOpStream::MemOpStream()
-    : write_(entryPoint<WriteFn>("cuStreamWriteValue32")), wait_(entryPoint<WriteFn>("cuStreamWaitValue32")) {}
+    : write_(entryPoint<MemOpFn>("cuStreamWriteValue32")), wait_(entryPoint<MemOpFn>("cuStreamWaitValue32")) {}
 
 MemOpStream::~MemOpStream() {
   {

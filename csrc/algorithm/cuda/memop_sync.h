@@ -7,7 +7,6 @@
 
 #include <cuda_runtime.h>
 
-#include <atomic>
 #include <condition_variable>
 #include <mutex>
 #include <thread>
@@ -37,9 +36,9 @@ class MemOpStream {
   void releaseForever(const std::vector<MemOp>& release, int device);
 
  private:
-  using WriteFn = int (*)(void*, unsigned long long, unsigned int, unsigned int);
-  WriteFn write_ = nullptr;
-  WriteFn wait_ = nullptr;
+  using MemOpFn = int (*)(void*, unsigned long long, unsigned int, unsigned int);
+  MemOpFn write_ = nullptr;
+  MemOpFn wait_ = nullptr;
   std::mutex mu_;
   std::condition_variable cv_;
   bool stop_ = false;
