@@ -31,9 +31,9 @@
 // so running it twice is harmless.
 //
 // A wait has no deadline of its own: the host's watchdog bounds a call, and
-// on abort releaseOps() (every wait of this rank passes) is written again and
-// again until the communicator is destroyed, since the steps that follow
-// reset what it wrote.
+// on abort the `release` writes (every wait of this rank passes) are made
+// again and again until the communicator is destroyed, since the steps that
+// follow reset what they wrote.
 #pragma once
 
 #include <cstdint>

@@ -85,9 +85,8 @@ class CudaIpcArena : public DeviceLinks {
   uint64_t* doneFlag(int l) const {
     return reinterpret_cast<uint64_t*>(staging_[static_cast<size_t>(l)] + 128);
   }
-  // Local rank l's memory-operation inboxes (a word per local rank, at most
-  // kInboxWords).
-  static constexpr int kInboxWords = 64;
+  // Local rank l's memory-operation inboxes: a word per local rank each,
+  // 1 KiB apart (room for 256 ranks).
   uint32_t* readyInbox(int l) const {
     return reinterpret_cast<uint32_t*>(staging_[static_cast<size_t>(l)] + 1024);
   }
