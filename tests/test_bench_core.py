@@ -328,7 +328,7 @@ def test_the_gpu_records_render_as_tables():
     sweep["floor"] = [{"op": "all_gather", "dtype": "float32", "size_bytes": 4096, "world": 4, "floor_us": 25.0,
                        "time_over_floor": {"smddp": 4.0, "gloo": None}}]  # fmt: skip
     text = views.markdown(sweep)
-    assert "| op | size (B) | floor (us) | smddp / floor | gloo / floor |" in text
+    assert "| op | size (B) | floor (µs) | smddp / floor | gloo / floor |" in text
     assert "| all_gather | 4K | 25.0 | 4.00 |  |" in text and "floor: the same bytes copied by one process" in text
 
 

@@ -73,10 +73,10 @@ def rows(rec: dict[str, Any]) -> list[dict[str, Any]]:
 
 
 def _cols() -> tuple[list[Column], list[tuple[str, int]]]:
-    block = [Column("measured", "(us)", "{:.1f}"), Column("model", "(us)", "{:.1f}"),
+    block = [Column("measured", "(µs)", "{:.1f}"), Column("model", "(µs)", "{:.1f}"),
              Column("error", "(%)", "{:+.0f}")]  # fmt: skip
     return table.grouped(
-        ("", [Column("op", left=True), Column("size", "(B)"), Column("limit", "(us)", "{:.1f}")]),
+        ("", [Column("op", left=True), Column("size", "(B)"), Column("limit", "(µs)", "{:.1f}")]),
         ("flat ring", block), ("hierarchical", block),
         ("ring / hierarchical", [Column("measured", "", "{:.2f}"), Column("model", "", "{:.2f}")]),
     )  # fmt: skip

@@ -59,10 +59,10 @@ def _wrong_line(counts: dict[str, int]) -> str:
 
 _LEFT = [Column("size", "(B)", width=12), Column("count", "(elements)", width=12), Column("type", width=9),
          Column("redop", width=6)]  # fmt: skip
-_BLOCK = [Column("time", "(us)", "{:.1f}", 10), Column("algbw", "(GB/s)", "{:.3f}", 8),
+_BLOCK = [Column("time", "(µs)", "{:.1f}", 10), Column("algbw", "(GB/s)", "{:.3f}", 8),
           Column("busbw", "(GB/s)", "{:.3f}", 8), Column("#wrong", width=7)]  # fmt: skip
 # On a cluster: the links' limit of each point, and each backend's fraction of it.
-_LIMIT, _OF_LIMIT = Column("limit", "(us)", "{:.1f}", 10), Column("%limit", width=6)
+_LIMIT, _OF_LIMIT = Column("limit", "(µs)", "{:.1f}", 10), Column("%limit", width=6)
 
 
 def fraction(limit: float | None, rec: dict[str, Any] | None) -> float | None:
@@ -211,7 +211,7 @@ def _blank(x: Any) -> Any:
 def floor_table(floor: list[dict], backends: Sequence[str]) -> str:
     """The floor of each point (the same copies done by one process) and
     each backend's time as a multiple of it."""
-    cols = [Column("op", left=True), Column("size", "(B)"), Column("floor", "(us)", "{:.1f}")]
+    cols = [Column("op", left=True), Column("size", "(B)"), Column("floor", "(µs)", "{:.1f}")]
     cols += [Column(f"{b} / floor", fmt="{:.2f}") for b in backends]
     rows = [[f["op"], format_size(f["size_bytes"]), f["floor_us"],
              *[_blank(f["time_over_floor"].get(b)) for b in backends]] for f in floor]  # fmt: skip
@@ -255,7 +255,7 @@ def gpu_kernels_markdown(rec: dict[str, Any]) -> tuple[str, str]:
 
 def gpu_latency_markdown(rec: dict[str, Any]) -> tuple[str, str]:
     s = rec["settings"]
-    cols = [Column("synchronization", left=True), Column("latency", "(us)", "{:.1f}"), Column("checked", left=True)]
+    cols = [Column("synchronization", left=True), Column("latency", "(µs)", "{:.1f}"), Column("checked", left=True)]
     rows = [[r["mode"], r["latency_us"], "ok" if r["ok"] else "WRONG"] for r in rec["results"]]
     return table.markdown(cols, rows), (
         f"{rec['device']}: a native {s['bytes']} AllReduce of {s['nproc']} ranks sharing the GPU; host: the ranks' "
@@ -382,7 +382,7 @@ _MODEL_RATIO = "ratio = flat-ring time / smddp time (= smddp busbw / flat-ring b
 
 
 def model_table(estimates: list[dict], markdown: bool = False) -> str:
-    block = [Column("time", "(us)", "{:.1f}", 11), Column("busbw", "(GB/s)", "{:.2f}", 8)]
+    block = [Column("time", "(µs)", "{:.1f}", 11), Column("busbw", "(GB/s)", "{:.2f}", 8)]
     left = [Column("op", width=15, left=True), Column("nodes", width=6), Column("GPUs", width=6),
             Column("size", "(B)", width=7)]  # fmt: skip
     cols, groups = table.grouped(("", left), ("flat ring", block), ("smddp", block),
@@ -404,16 +404,16 @@ def fit_table(fits: dict[str, dict], what: str, markdown: bool = False) -> str:
     """The alpha-beta fits of a calibration, one row per transport."""
     rows = [[f["label"], f["alpha_s"] * 1e6, (f["beta_bytes_per_s"] or math.inf) / 1e9, f["worst_error"] * 100]
             for f in fits.values()]  # fmt: skip
-    cols = [Column(what, left=True), Column("alpha", "(us)", "{:.1f}"), Column("beta", "(GB/s)", "{:.3f}"),
+    cols = [Column(what, left=True), Column("alpha", "(µs)", "{:.1f}"), Column("beta", "(GB/s)", "{:.3f}"),
             Column("worst fit error", "(%)", "{:.0f}")]  # fmt: skip
     return (table.markdown if markdown else table.text)(cols, rows)
 
 
 def calibration_tables(rec: dict[str, Any], markdown: bool = False) -> str:
     render = table.markdown if markdown else table.text
-    cols = [Column("op", left=True), Column("size", "(B)"), Column("measured", "(us)", "{:.1f}"),
-            Column("smddp model", "(us)", "{:.1f}"), Column("error", "(%)", "{:+.0f}"),
-            Column("flat ring model", "(us)", "{:.1f}")]  # fmt: skip
+    cols = [Column("op", left=True), Column("size", "(B)"), Column("measured", "(µs)", "{:.1f}"),
+            Column("smddp model", "(µs)", "{:.1f}"), Column("error", "(%)", "{:+.0f}"),
+            Column("flat ring model", "(µs)", "{:.1f}")]  # fmt: skip
     rows = [[r["op"], format_size(r["size_bytes"]), r["measured_s"] * 1e6, r["model_smddp_s"] * 1e6,
              (r["model_smddp_s"] / r["measured_s"] - 1) * 100, r["model_ring_s"] * 1e6] for r in rec["results"]]
     return fit_table(rec["fits"], "transport", markdown) + "\n\n" + render(cols, rows)
