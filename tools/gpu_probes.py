@@ -286,6 +286,18 @@ def _recv(conn, timeout: float):
     return conn.recv()
 
 
+def _answer(conn, kind: str, details: dict, timeout: float):
+    """The child's next message, which must be `kind`; a child that failed
+    sends ("error", its traceback), kept in details["child_error"]."""
+    got, payload = _recv(conn, timeout)
+    if got == "error":
+        details["child_error"] = payload
+        _say(payload)
+        raise RuntimeError("the child failed: " + payload.strip().splitlines()[-1])
+    assert got == kind, (got, kind)
+    return payload
+
+
 def _ipc_child(conn) -> None:  # pragma: no cover - runs on a GPU
     import torch
 
@@ -335,13 +347,7 @@ def probe_ipc(rep: Report) -> None:
     verdicts: dict[str, str] = {}
 
     def answer(kind: str):
-        got, payload = _recv(conn, 30)
-        if got == "error":
-            d["child_error"] = payload
-            _say(payload)
-            raise RuntimeError("the child failed: " + payload.strip().splitlines()[-1])
-        assert got == kind, (got, kind)
-        return payload
+        return _answer(conn, kind, d, 30)
 
     step = "tensor"
     n = 1 << 20
@@ -589,12 +595,7 @@ def probe_memops(rep: Report) -> None:
     child_conn.close()
 
     def answer(kind: str):
-        got, payload = _recv(conn, 60)
-        if got == "error":
-            d["child_error"] = payload
-            raise RuntimeError("the child failed: " + payload.strip().splitlines()[-1])
-        assert got == kind, (got, kind)
-        return payload
+        return _answer(conn, kind, d, 60)
 
     results: dict[str, float] = {}
     try:
