@@ -2,6 +2,7 @@
 
 #include <cstdint>
 
+#include "algorithm/cuda/load_kernel.h"
 #include "algorithm/device_plan.h"
 #include "algorithm/reduce_ops.h"
 #include "common/error.h"
@@ -276,24 +277,15 @@ void run(const ReduceSpec& spec, Segments& g, size_t count, Sources sources, Res
   }
 }
 
-template <typename F>
-void loadKernel(F* kernel) {
-  cudaFuncAttributes attributes;
-  const cudaError_t err = cudaFuncGetAttributes(&attributes, kernel);
-  if (err != cudaSuccess) {
-    SMDDP_THROW(kComm, "the reduction kernels could not be loaded: ", cudaGetErrorName(err), " (",
-                cudaGetErrorString(err), ")");
-  }
-}
-
 // Every kernel launchTyped can launch.
 template <typename T, Combine kC>
 void loadTyped() {
-  loadKernel(reduceElements<T, kC>);
-  loadKernel(reduceVectors<T, kC, 2>);
-  loadKernel(reduceVectors<T, kC, 4>);
-  loadKernel(reduceVectors<T, kC, 8>);
-  loadKernel(reduceVectors<T, kC, 16>);
+  constexpr const char* kWhat = "the reduction kernels";
+  loadKernel(reduceElements<T, kC>, kWhat);
+  loadKernel(reduceVectors<T, kC, 2>, kWhat);
+  loadKernel(reduceVectors<T, kC, 4>, kWhat);
+  loadKernel(reduceVectors<T, kC, 8>, kWhat);
+  loadKernel(reduceVectors<T, kC, 16>, kWhat);
 }
 
 template <typename T>

@@ -1,5 +1,6 @@
 #include "algorithm/cuda/device_sync.h"
 
+#include "algorithm/cuda/load_kernel.h"
 #include "common/error.h"
 
 namespace smddp::algorithm::cuda {
@@ -56,12 +57,7 @@ __global__ void syncStep(SyncStep step) {
 } // namespace
 
 void loadSyncKernel() {
-  cudaFuncAttributes attributes;
-  const cudaError_t err = cudaFuncGetAttributes(&attributes, syncStep);
-  if (err != cudaSuccess) {
-    SMDDP_THROW(kComm, "the device synchronization kernel could not be loaded: ", cudaGetErrorName(err), " (",
-                cudaGetErrorString(err), ")");
-  }
+  loadKernel(syncStep, "the device synchronization kernel");
 }
 
 void launchSyncStep(const SyncStep& step, cudaStream_t stream) {
