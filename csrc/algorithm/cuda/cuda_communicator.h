@@ -128,10 +128,10 @@ class CudaCommunicator {
   // SMDDP_CUDA_SYNC=device: the counter (device memory) and the words of
   // the waits (pinned host memory mapped into the device).
   uint64_t* sync_counter_ = nullptr;
+  SyncWords* sync_words_ = nullptr;
   // SMDDP_CUDA_SYNC=memops: the driver's entry points, and after an abort
   // the thread that keeps releasing this rank's waits.
   std::unique_ptr<MemOpStream> memops_;
-  SyncWords* sync_words_ = nullptr;
   std::atomic<bool> aborted_{false};
   std::shared_ptr<const std::string> waits_on_;
 };
