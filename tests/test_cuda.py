@@ -414,6 +414,19 @@ def case_reduce_scatter_beyond_the_largest_pitch() -> list[str]:
     return [] if ok else ["reduce_scatter_tensor with blocks beyond the largest pitch: wrong values"]
 
 
+def _outcome(work, bound_s: float = 30.0) -> tuple[str, str]:
+    """(the exception's type name, its message) of an async work once it has
+    completed (polled, at most `bound_s`), or ("no error", "")."""
+    t0 = time.time()
+    while not work.is_completed() and time.time() - t0 < bound_s:
+        time.sleep(0.05)
+    try:
+        work.wait()
+    except Exception as e:  # noqa: BLE001
+        return type(e).__name__, str(e)
+    return "no error", ""
+
+
 def case_stalled_device_work(dump_prefix: str) -> dict:
     """The caller's stream is busy past the group's timeout when the
     collective is enqueued: the watchdog fails it, the group becomes
@@ -425,15 +438,7 @@ def case_stalled_device_work(dump_prefix: str) -> dict:
     dist.all_reduce(t)
     torch.cuda.synchronize()
     torch.cuda._sleep(int(12 * 2e9))  # past the 5 s timeout
-    out: dict = {"first": ("no error", "")}
-    work = dist.all_reduce(t, async_op=True)
-    t0 = time.time()
-    while not work.is_completed() and time.time() - t0 < 30:
-        time.sleep(0.1)
-    try:
-        work.wait()
-    except Exception as e:  # noqa: BLE001
-        out["first"] = (type(e).__name__, str(e))
+    out: dict = {"first": _outcome(dist.all_reduce(t, async_op=True))}
     try:
         dist.all_reduce(torch.ones(4))
         out["next"] = "no error"
@@ -616,14 +621,7 @@ def case_stalled_peer(stall_s: float) -> dict:
     if rank == 1:
         torch.cuda._sleep(int(stall_s * 2e9))
     t0 = time.time()
-    work = dist.all_reduce(t, async_op=True)
-    while not work.is_completed() and time.time() - t0 < 30:
-        time.sleep(0.05)
-    out: dict = {"first": ("no error", ""), "failed_after_s": time.time() - t0}
-    try:
-        work.wait()
-    except Exception as e:  # noqa: BLE001
-        out["first"] = (type(e).__name__, str(e))
+    out: dict = {"first": _outcome(dist.all_reduce(t, async_op=True)), "failed_after_s": time.time() - t0}
     t1 = time.time()
     torch.cuda.synchronize()
     out["drained_s"] = time.time() - t1
