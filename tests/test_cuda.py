@@ -581,24 +581,29 @@ def test_cuda_device_sync(pools):
 
 
 @pytest.mark.timeout(250)
-def test_cuda_memops_sync(pools):
+@pytest.mark.parametrize("batch", ["0", "1"])
+def test_cuda_memops_sync(pools, batch):
     """SMDDP_CUDA_SYNC=memops: the node's ranks meet through the streams' own
     memory operations; the same references and stream semantics as host
     synchronization, captured and replayed in both capture modes, and with
     zero-copy and one-shot calls mixed with staged ones (the flags return to
-    rest after every exchange, which is what lets a graph replay them)."""
+    rest after every exchange, which is what lets a graph replay them).
+    SMDDP_CUDA_BATCH_MEMOPS=1: each step in one driver call."""
     if not torch.cuda.is_available():
         pytest.skip("no GPU")
     per_gpu = max(1, 2 // torch.cuda.device_count())
-    pool = pools(2, SMDDP_CUDA_RANKS_PER_GPU=str(per_gpu), SMDDP_CUDA_STAGING_BYTES="1M", SMDDP_CUDA_SYNC="memops")
+    common = {"SMDDP_CUDA_RANKS_PER_GPU": str(per_gpu), "SMDDP_CUDA_STAGING_BYTES": "1M", "SMDDP_CUDA_SYNC": "memops",
+              "SMDDP_CUDA_BATCH_MEMOPS": batch}
+    pool = pools(2, **common)
     for failures in pool.run(case_collectives, [0, 7, 4099, (1 << 20) + 3], timeout=150):
         assert failures == []
+    for text in pool.run(case_describe, timeout=30):
+        assert ("batched memops sync" in text) == (batch == "1"), text
     for failures in pool.run(case_streams_overlap_and_lifetime, timeout=120):
         assert failures == []
     for failures in pool.run(case_graph_capture, ("thread_local", "global"), timeout=120):
         assert failures == []
-    mixed = pools(2, SMDDP_CUDA_RANKS_PER_GPU=str(per_gpu), SMDDP_CUDA_STAGING_BYTES="1M", SMDDP_CUDA_SYNC="memops",
-                  SMDDP_CUDA_ZERO_COPY="1", SMDDP_CUDA_ONESHOT_BYTES="64K")
+    mixed = pools(2, SMDDP_CUDA_ZERO_COPY="1", SMDDP_CUDA_ONESHOT_BYTES="64K", **common)
     for failures in mixed.run(case_collectives, [0, 7, 4099, (1 << 20) + 3], timeout=150):
         assert failures == []
     for failures in mixed.run(case_zero_copy_buffers, 4099, timeout=150):
@@ -629,14 +634,16 @@ def case_stalled_peer(stall_s: float) -> dict:
 
 
 @pytest.mark.timeout(150)
-@pytest.mark.parametrize("sync", ["device", "memops"])
+@pytest.mark.parametrize("sync", ["device", "memops", "memops+batch"])
 def test_cuda_waits_on_a_stalled_peer_end_at_the_abort(tmp_path, sync):
     if not torch.cuda.is_available():
         pytest.skip("no GPU")
     from dist_harness import RankPool
 
     per_gpu = max(1, 2 // torch.cuda.device_count())
-    pool = RankPool(2, env={"SMDDP_CUDA_RANKS_PER_GPU": str(per_gpu), "SMDDP_CUDA_SYNC": sync}, pg_timeout=5.0)
+    env = {"SMDDP_CUDA_RANKS_PER_GPU": str(per_gpu), "SMDDP_CUDA_SYNC": sync.split("+")[0],
+           "SMDDP_CUDA_BATCH_MEMOPS": "1" if sync.endswith("+batch") else "0"}
+    pool = RankPool(2, env=env, pg_timeout=5.0)
     try:
         results = pool.run(case_stalled_peer, 15.0, timeout=120)
     finally:

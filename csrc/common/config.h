@@ -151,6 +151,11 @@ constexpr int kYieldUsOversubscribed = 2000;
     "rank leaves the GPU to the others). With device and memops the host "     \
     "only enqueues, and a collective can be captured in a CUDA graph; nodes "  \
     "of at most 16 ranks, larger ones meet in host rounds.")                   \
+  X(cuda_batch_memops, "SMDDP_CUDA_BATCH_MEMOPS", false, bool, "0", "",                \
+    "With SMDDP_CUDA_SYNC=memops: each step's writes and waits go to the "      \
+    "stream in one driver call (cuStreamBatchMemOp), in the same order, "       \
+    "instead of one call per operation (five per node peer in the middle "      \
+    "step of an exchange), in a CUDA graph too.")                              \
   X(cuda_batch_copies, "SMDDP_CUDA_BATCH_COPIES", false, bool, "0", "",                \
     "Copy to or from every node peer at once, in one batch the copy engines "   \
     "may run side by side (cudaMemcpyBatchAsync, CUDA 12.8 or later; not in "  \
@@ -214,6 +219,7 @@ struct Config {
   std::string cuda_inter_node;
   bool cuda_ipc = true;
   std::string cuda_sync;
+  bool cuda_batch_memops = false;
   bool cuda_batch_copies = false;
   size_t cuda_oneshot_bytes = 0;
   bool cuda_pipeline = false;

@@ -122,7 +122,7 @@ CudaCommunicator::CudaCommunicator(
   if (device_sync && config.cuda_sync == "memops") {
     // The inboxes live in the staging headers, zeroed (at rest) before the
     // handles were exchanged.
-    memops_ = std::make_unique<MemOpStream>();
+    memops_ = std::make_unique<MemOpStream>(config.cuda_batch_memops);
     MemOpFlags flags;
     flags.local_size = topology.localSize();
     flags.me = topology.myLocalRank();
@@ -228,7 +228,9 @@ CudaCommunicator::~CudaCommunicator() {
 }
 
 std::string CudaCommunicator::describe() const {
-  const char* sync = ctx_->memops != nullptr ? "memops" : ctx_->device_sync ? "device" : "host";
+  const char* sync = ctx_->memops != nullptr ? (ctx_->memops->batched() ? "batched memops" : "memops")
+      : ctx_->device_sync                    ? "device"
+                                             : "host";
   const std::string ipc = str("cuda ipc (", sync, " sync",
                               buffers_ ? str(", zero-copy: ", ctx_->mapped_calls.load(), " calls mapped, ",
                                              ctx_->staged_calls.load(), " staged, ", ctx_->revoked_segments.load(),

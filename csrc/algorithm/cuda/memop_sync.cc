@@ -2,6 +2,7 @@
 
 #include <cuda.h>
 
+#include <algorithm>
 #include <chrono>
 
 #include "common/error.h"
@@ -11,11 +12,14 @@ namespace smddp::algorithm::cuda {
 
 namespace {
 
-// The ABI of both functions since CUDA 12.0 (the _v2 entry points).
+// The ABI of the three functions since CUDA 12.0 (the _v2 entry points).
 constexpr unsigned kEntryPointVersion = 12000;
 
+// cuStreamBatchMemOp takes fewer than 256 operations per call.
+constexpr size_t kMaxBatch = 255;
+
 template <typename Fn>
-Fn entryPoint(const char* name) {
+Fn entryPoint(const char* name, const char* instead) {
   void* fn = nullptr;
   cudaDriverEntryPointQueryResult found = cudaDriverEntryPointSymbolNotFound;
   const cudaError_t err =
@@ -24,23 +28,26 @@ Fn entryPoint(const char* name) {
     const std::string why =
         err != cudaSuccess ? str("could not be looked up: ", cudaGetErrorName(err), " (", cudaGetErrorString(err), ")")
                            : std::string("this driver does not offer");
-    SMDDP_THROW(kComm, "SMDDP_CUDA_SYNC=memops needs the driver's ", name, ", which ", why,
-                "; use SMDDP_CUDA_SYNC=device or host");
+    SMDDP_THROW(kComm, "SMDDP_CUDA_SYNC=memops needs the driver's ", name, ", which ", why, "; ", instead);
   }
   return reinterpret_cast<Fn>(fn);
 }
 
-void check(int rc, const char* what) {
+void check(int rc, const char* what,
+           const char* instead = "SMDDP_CUDA_SYNC=device meets on the GPU with kernels instead") {
   if (rc != CUDA_SUCCESS) {
-    SMDDP_THROW(kComm, what, " failed: CUresult ", rc,
-                " (SMDDP_CUDA_SYNC=memops; SMDDP_CUDA_SYNC=device meets on the GPU with kernels instead)");
+    SMDDP_THROW(kComm, what, " failed: CUresult ", rc, " (SMDDP_CUDA_SYNC=memops; ", instead, ")");
   }
 }
 
+constexpr const char* kOtherSync = "use SMDDP_CUDA_SYNC=device or host";
+
 } // namespace
 
-MemOpStream::MemOpStream()
-    : write_(entryPoint<MemOpFn>("cuStreamWriteValue32")), wait_(entryPoint<MemOpFn>("cuStreamWaitValue32")) {}
+MemOpStream::MemOpStream(bool batch)
+    : write_(entryPoint<MemOpFn>("cuStreamWriteValue32", kOtherSync)),
+      wait_(entryPoint<MemOpFn>("cuStreamWaitValue32", kOtherSync)),
+      batch_(batch ? entryPoint<BatchFn>("cuStreamBatchMemOp", "unset SMDDP_CUDA_BATCH_MEMOPS") : nullptr) {}
 
 MemOpStream::~MemOpStream() {
   {
@@ -54,6 +61,34 @@ MemOpStream::~MemOpStream() {
 }
 
 void MemOpStream::enqueue(const std::vector<MemOp>& ops, cudaStream_t stream) const {
+  if (batch_ != nullptr) {
+    // The enqueuing threads (a collective's, the releaser) each fill their own.
+    thread_local std::vector<CUstreamBatchMemOpParams> params;
+    for (size_t at = 0; at < ops.size(); at += kMaxBatch) {
+      const size_t n = std::min(kMaxBatch, ops.size() - at);
+      params.assign(n, CUstreamBatchMemOpParams{});
+      for (size_t i = 0; i < n; ++i) {
+        const MemOp& op = ops[at + i];
+        const auto addr = static_cast<CUdeviceptr>(reinterpret_cast<uintptr_t>(op.word));
+        if (op.kind == MemOp::Kind::kWrite) {
+          auto& w = params[i].writeValue;
+          w.operation = CU_STREAM_MEM_OP_WRITE_VALUE_32;
+          w.address = addr;
+          w.value = op.value;
+          w.flags = CU_STREAM_WRITE_VALUE_DEFAULT;
+        } else {
+          auto& w = params[i].waitValue;
+          w.operation = CU_STREAM_MEM_OP_WAIT_VALUE_32;
+          w.address = addr;
+          w.value = op.value;
+          w.flags = CU_STREAM_WAIT_VALUE_EQ;
+        }
+      }
+      check(batch_(stream, static_cast<unsigned>(n), params.data(), 0), "cuStreamBatchMemOp",
+            "unset SMDDP_CUDA_BATCH_MEMOPS for one driver call per operation");
+    }
+    return;
+  }
   for (const MemOp& op : ops) {
     const auto addr = static_cast<unsigned long long>(reinterpret_cast<uintptr_t>(op.word));
     if (op.kind == MemOp::Kind::kWrite) {

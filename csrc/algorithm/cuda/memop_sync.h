@@ -18,16 +18,22 @@ namespace smddp::algorithm::cuda {
 
 class MemOpStream {
  public:
-  // Looks up cuStreamWriteValue32 and cuStreamWaitValue32 on the current
-  // device. Throws kComm naming what is missing.
-  MemOpStream();
+  // Looks up cuStreamWriteValue32 and cuStreamWaitValue32 (with `batch`,
+  // cuStreamBatchMemOp) on the current device. Throws kComm naming what is
+  // missing.
+  explicit MemOpStream(bool batch);
   ~MemOpStream();
   MemOpStream(const MemOpStream&) = delete;
   MemOpStream& operator=(const MemOpStream&) = delete;
 
   // Enqueues `ops` on `stream` in order (each write fenced after the
-  // stream's earlier work). Works while `stream` is being captured.
+  // stream's earlier work): one driver call per operation, or per batch.
+  // Works while `stream` is being captured.
   void enqueue(const std::vector<MemOp>& ops, cudaStream_t stream) const;
+
+  bool batched() const {
+    return batch_ != nullptr;
+  }
 
   // From now until destruction, writes `release` every millisecond on a
   // stream of its own that does not wait for the legacy stream, so that
@@ -37,8 +43,10 @@ class MemOpStream {
 
  private:
   using MemOpFn = int (*)(void*, unsigned long long, unsigned int, unsigned int);
+  using BatchFn = int (*)(void*, unsigned int, void*, unsigned int);
   MemOpFn write_ = nullptr;
   MemOpFn wait_ = nullptr;
+  BatchFn batch_ = nullptr;
   std::mutex mu_;
   std::condition_variable cv_;
   bool stop_ = false;
