@@ -2,7 +2,8 @@
 host synchronization (the node's host threads meet between steps), device
 synchronization (flags awaited by kernels, SMDDP_CUDA_SYNC=device), memops
 synchronization (flags awaited by the streams' own memory operations,
-SMDDP_CUDA_SYNC=memops), the last two also replayed from a CUDA graph, each
+SMDDP_CUDA_SYNC=memops; with "+batch" each step in one driver call,
+SMDDP_CUDA_BATCH_MEMOPS), the last two also replayed from a CUDA graph, each
 in two steps between the ranks or, with "+oneshot", in one
 (SMDDP_CUDA_ONESHOT_BYTES), in one run.
 
@@ -11,9 +12,11 @@ in two steps between the ranks or, with "+oneshot", in one
 Each mode runs in a fresh group of --nproc ranks on the first visible GPU
 (SMDDP_CUDA_RANKS_PER_GPU = --nproc). A call is timed between CUDA events on
 the caller's stream (a barrier on the CPU before each); a graph holds 10
-calls and its replay's time is divided by 10. Medians of the slowest rank;
-every result checked. Ranks share the GPU's time slices, so these are the
-costs of one GPU's contexts taking turns, not of NVLink.
+calls and its replay's time is divided by 10. Beside it, the host's time in
+the call (until it returns: the work enqueued, the host rounds met), which
+the GPU's time includes wherever the stream waited for the host. Medians of
+the slowest rank; every result checked. Ranks share the GPU's time slices,
+so these are the costs of one GPU's contexts taking turns, not of NVLink.
 """
 
 from __future__ import annotations
@@ -24,18 +27,37 @@ import os
 import statistics
 import sys
 import tempfile
+import time
 
 if __package__ in (None, ""):  # run as a script: the repository's root is one folder up
     sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 MODES = ("host", "host+oneshot", "device", "device+graph", "device+graph+oneshot", "memops", "memops+graph",
-         "memops+graph+oneshot")
+         "memops+graph+oneshot", "memops+batch", "memops+batch+graph")
+
+
+def parse_mode(mode: str) -> tuple[str, set[str]]:
+    """A mode's synchronization and its flags; ValueError for what is not a mode."""
+    sync, *rest = mode.split("+")
+    flags = set(rest)
+    if (sync not in ("host", "device", "memops") or not flags <= {"graph", "oneshot", "batch"}
+            or len(flags) != len(rest) or ("graph" in flags and sync == "host")
+            or ("batch" in flags and sync != "memops")):  # fmt: skip
+        raise ValueError(f"{mode!r} is not a mode; use {', '.join(MODES)} (graph needs device or memops, batch memops)")
+    return sync, flags
+
+
+def mode_env(mode: str, world: int, nbytes: int) -> dict[str, str]:
+    """The knobs a mode's ranks run with."""
+    sync, flags = parse_mode(mode)
+    return {"SMDDP_CUDA_RANKS_PER_GPU": str(world), "SMDDP_CUDA_SYNC": sync,
+            "SMDDP_CUDA_ONESHOT_BYTES": str(nbytes if "oneshot" in flags else 0),
+            "SMDDP_CUDA_BATCH_MEMOPS": "1" if "batch" in flags else "0"}  # fmt: skip
 
 
 def _rank(rank: int, world: int, init: str, mode: str, nbytes: int, iters: int, out) -> None:
-    parts = mode.split("+")
-    os.environ.update(SMDDP_CUDA_RANKS_PER_GPU=str(world), SMDDP_CUDA_SYNC=parts[0],
-                      SMDDP_CUDA_ONESHOT_BYTES=str(nbytes if "oneshot" in parts else 0))
+    _, parts = parse_mode(mode)
+    os.environ.update(mode_env(mode, world, nbytes))
     import torch
     import torch.distributed as dist
 
@@ -67,20 +89,24 @@ def _rank(rank: int, world: int, init: str, mode: str, nbytes: int, iters: int, 
         run()
         torch.cuda.synchronize()
     ok = bool(torch.all(x == want))
-    times = []
+    times, host = [], []
     for _ in range(iters):
         dist.barrier(group=cpu)
         a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
         a.record()
+        t0 = time.perf_counter()
         run()
+        t1 = time.perf_counter()
         b.record()
         b.synchronize()
-        t = torch.tensor([a.elapsed_time(b) * 1e3 / per_run])
+        t = torch.tensor([a.elapsed_time(b) * 1e3 / per_run, (t1 - t0) * 1e6 / per_run])
         dist.all_reduce(t, op=dist.ReduceOp.MAX, group=cpu)
-        times.append(t.item())
+        times.append(t[0].item())
+        host.append(t[1].item())
     ok = ok and bool(torch.all(x == want))
     if rank == 0:
-        out.put({"mode": mode, "bytes": nbytes, "latency_us": statistics.median(times), "ok": ok})
+        out.put({"mode": mode, "bytes": nbytes, "latency_us": statistics.median(times),
+                 "host_us": statistics.median(host), "ok": ok})  # fmt: skip
     dist.destroy_process_group()
 
 
@@ -93,10 +119,10 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--json", default=None, help="the record (kind gpu-latency)")
     args = p.parse_args(argv)
     for mode in args.modes.split(","):
-        sync, *rest = mode.split("+")
-        bad = sync not in ("host", "device", "memops") or not set(rest) <= {"graph", "oneshot"}
-        if bad or ("graph" in rest and sync == "host"):
-            p.error(f"--modes: {mode!r} is not a mode; use {', '.join(MODES)} (graph needs device or memops)")
+        try:
+            parse_mode(mode)
+        except ValueError as e:
+            p.error(f"--modes: {e}")
     import torch
     import torch.multiprocessing as mp
 
@@ -132,12 +158,14 @@ def main(argv: list[str] | None = None) -> int:
                 if pr.is_alive():
                     pr.kill()
         r = rows[-1]
-        print(f"# {mode}: {r['latency_us']:.1f} us{'' if r['ok'] else ' WRONG'}", flush=True)
+        print(f"# {mode}: {r['latency_us']:.1f} us (host {r['host_us']:.1f} us){'' if r['ok'] else ' WRONG'}",
+              flush=True)
         save()
     cols = [table.Column("mode"), table.Column("bytes"), table.Column("latency", "(us)", "{:.1f}"),
-            table.Column("ok")]
+            table.Column("host", "(us)", "{:.1f}"), table.Column("ok")]
     print(f"# small CUDA AllReduce, {args.nproc} ranks sharing {device} (one GPU's time slices, not NVLink)")
-    print(table.text(cols, [[r["mode"], r["bytes"], r["latency_us"], "yes" if r["ok"] else "NO"] for r in rows]))
+    print(table.text(cols, [[r["mode"], r["bytes"], r["latency_us"], r["host_us"], "yes" if r["ok"] else "NO"]
+                            for r in rows]))
     return 0 if all(r["ok"] for r in rows) else 3
 
 

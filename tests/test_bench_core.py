@@ -324,6 +324,11 @@ def test_the_gpu_records_render_as_tables():
                          device="NVIDIA H200")  # fmt: skip
     text = views.markdown(latency)
     assert "| host | 12.5 | ok |" in text and "| device | 7.5 | WRONG |" in text
+    for r, host_us in zip(latency["results"], (40.0, 3.25)):
+        r["host_us"] = host_us
+    text = views.markdown(latency)
+    assert "| synchronization | latency (µs) | host in the call (µs) | checked |" in text
+    assert "| host | 12.5 | 40.0 | ok |" in text and "| device | 7.5 | 3.2 | WRONG |" in text
     sweep = _sweep_record()
     sweep["floor"] = [{"op": "all_gather", "dtype": "float32", "size_bytes": 4096, "world": 4, "floor_us": 25.0,
                        "time_over_floor": {"smddp": 4.0, "gloo": None}}]  # fmt: skip
@@ -363,6 +368,28 @@ def test_the_gpu_floor_moves_what_the_zero_copy_path_moves(tmp_path):
         assert ratios["smddp:staged"] == pytest.approx(2e-3 / (r["floor_us"] * 1e-6))
     assert floor[-1]["time_over_floor"]["smddp:zero-copy"] is None
     assert "the floor" in lines[1] and len(lines) == 4 + 3 and "n/a" in lines[-1]
+
+
+def test_the_gpu_latency_bench_modes():
+    """bench/gpu_latency.py's modes: each one's knobs, and what is not a
+    mode refused before any rank starts."""
+    sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "bench"))
+    try:
+        import gpu_latency as g
+    finally:
+        sys.path.pop(0)
+    for mode in g.MODES:
+        g.parse_mode(mode)
+    assert g.mode_env("memops+batch+graph", 2, 4096) == {
+        "SMDDP_CUDA_RANKS_PER_GPU": "2", "SMDDP_CUDA_SYNC": "memops", "SMDDP_CUDA_ONESHOT_BYTES": "0",
+        "SMDDP_CUDA_BATCH_MEMOPS": "1"}  # fmt: skip
+    assert g.mode_env("device+graph+oneshot", 4, 4096)["SMDDP_CUDA_ONESHOT_BYTES"] == "4096"
+    assert g.mode_env("host", 2, 4096)["SMDDP_CUDA_BATCH_MEMOPS"] == "0"
+    for bad in ("host+graph", "device+batch", "memops+graph+graph", "kernels", "memops+fast"):
+        with pytest.raises(ValueError, match="is not a mode"):
+            g.parse_mode(bad)
+        with pytest.raises(SystemExit):
+            g.main(["--modes", bad])
 
 
 def test_the_gpu_collectives_bench_meets_as_told(tmp_path, monkeypatch):

@@ -960,7 +960,7 @@ STEPS = [
          doc="bench/gpu_kernels.py"),
     Step("bench-collectives", step_bench_collectives, cap_s=120, min_s=60, gpu=True, needs=("import",),
          doc="bench/gpu_collectives.py --nproc 2 (staged and zero-copy)"),
-    Step("bench-latency", step_bench_latency, cap_s=120, min_s=50, gpu=True, needs=("import",),
+    Step("bench-latency", step_bench_latency, cap_s=150, min_s=50, gpu=True, needs=("import",),
          doc="bench/gpu_latency.py --nproc 2"),
     Step("tests", step_tests, cap_s=200, min_s=60, gpu=True, needs=("import",), doc="each GPU test id alone, --test-jobs at a time"),
     Step("sanitizer", step_sanitizer, cap_s=90, min_s=20, gpu=True, needs=("import",), doc="compute-sanitizer"),

@@ -255,14 +255,24 @@ def gpu_kernels_markdown(rec: dict[str, Any]) -> tuple[str, str]:
 
 def gpu_latency_markdown(rec: dict[str, Any]) -> tuple[str, str]:
     s = rec["settings"]
-    cols = [Column("synchronization", left=True), Column("latency", "(µs)", "{:.1f}"), Column("checked", left=True)]
-    rows = [[r["mode"], r["latency_us"], "ok" if r["ok"] else "WRONG"] for r in rec["results"]]
-    return table.markdown(cols, rows), (
+    # Records before the host's time was measured have no such column.
+    host = all("host_us" in r for r in rec["results"])
+    batch = any("batch" in r["mode"].split("+") for r in rec["results"])
+    cols = [Column("synchronization", left=True), Column("latency", "(µs)", "{:.1f}")]
+    cols += [Column("host in the call", "(µs)", "{:.1f}")] if host else []
+    rows = [[r["mode"], r["latency_us"]] + ([r["host_us"]] if host else []) + ["ok" if r["ok"] else "WRONG"]
+            for r in rec["results"]]  # fmt: skip
+    legend = (
         f"{rec['device']}: a native {s['bytes']} AllReduce of {s['nproc']} ranks sharing the GPU; host: the ranks' "
         "host threads meet between steps; device: kernels await flags (SMDDP_CUDA_SYNC=device); memops: the "
-        "streams' own memory operations await them (SMDDP_CUDA_SYNC=memops); graph: replayed "
-        "from a CUDA graph of 10 calls; oneshot: one step (SMDDP_CUDA_ONESHOT_BYTES). The ranks' contexts take "
-        "turns on the one GPU, so these include its time slicing, not NVLink")
+        "streams' own memory operations await them (SMDDP_CUDA_SYNC=memops); ")
+    if batch:
+        legend += "batch: each step's memory operations in one driver call (SMDDP_CUDA_BATCH_MEMOPS); "
+    legend += "graph: replayed from a CUDA graph of 10 calls; oneshot: one step (SMDDP_CUDA_ONESHOT_BYTES)"
+    if host:
+        legend += "; host in the call: until the call returned on the host (the work enqueued, the host rounds met)"
+    legend += ". The ranks' contexts take turns on the one GPU, so these include its time slicing, not NVLink"
+    return table.markdown(cols + [Column("checked", left=True)], rows), legend
 
 
 # -- the peer comparison -----------------------------------------------------------
