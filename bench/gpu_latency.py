@@ -32,8 +32,8 @@ import time
 if __package__ in (None, ""):  # run as a script: the repository's root is one folder up
     sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-MODES = ("host", "host+oneshot", "device", "device+graph", "device+graph+oneshot", "memops", "memops+graph",
-         "memops+graph+oneshot", "memops+batch", "memops+batch+graph")
+MODES = ("host", "host+oneshot", "device", "device+graph", "device+graph+oneshot", "memops", "memops+oneshot",
+         "memops+graph", "memops+graph+oneshot", "memops+batch", "memops+batch+graph")
 
 
 def parse_mode(mode: str) -> tuple[str, set[str]]:

@@ -895,11 +895,14 @@ def _collectives_reason(path: str) -> str | None:
 
 
 def _latency_reason(path: str) -> str | None:
-    """Each mode's latency (a gpu-latency record's results)."""
+    """Each mode's latency, and the host's time in the call where the record
+    has it (a gpu-latency record's results)."""
     try:
         with open(path) as f:
             rows = json.load(f)["results"]
-        return ", ".join(f"{r['mode']} {r['latency_us']:.1f} us{'' if r['ok'] else ' WRONG'}" for r in rows) or None
+        return ", ".join(f"{r['mode']} {r['latency_us']:.1f} us"
+                         + (f" (host {r['host_us']:.1f})" if "host_us" in r else "")
+                         + ("" if r["ok"] else " WRONG") for r in rows) or None  # fmt: skip
     except (OSError, ValueError, KeyError, TypeError):
         return None
 
