@@ -494,6 +494,9 @@ def test_the_bench_summaries_read_the_records_the_benches_write(tmp_path):
     assert gpu_check._latency_reason(str(tmp_path / "l.json")) == "host 41.3 us, device+graph 9.0 us (host 2.2) WRONG"
     assert gpu_check._collectives_reason(str(tmp_path / "missing.json")) is None
     assert gpu_check._latency_reason(str(tmp_path / "missing.json")) is None
+    # What the steps may write into OUT fits the device tool's limits.
+    assert len(gpu_check.OUT_FILES) <= 8 and all(NAME.match(n) for n in gpu_check.OUT_FILES)
+    assert f"latency-{gpu_check.WIDE_RANKS}.json" in gpu_check.OUT_FILES
 
 
 def test_the_longest_tests_start_first(tmp_path):

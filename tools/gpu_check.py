@@ -34,7 +34,8 @@ left of the deadline once the later steps' minimums are set aside:
     smoke         tests/gpu_smoke.py: each native op, 2 ranks sharing GPU 0
     bench-kernels      bench/gpu_kernels.py --json $OUT/kernels.json
     bench-collectives  bench/gpu_collectives.py --nproc 2 --json $OUT/collectives.json
-    bench-latency      bench/gpu_latency.py --nproc 2 --json $OUT/latency.json
+    bench-latency      bench/gpu_latency.py --nproc 2 --json $OUT/latency.json, then
+                       --nproc 8 --modes memops,memops+batch (the host's enqueue cost)
     tests         each GPU test id (tests/test_cuda.py, and kernel tests the
                   kernel step left without a verdict) in its own pytest;
                   those of tests/test_cuda.py three at a time (--test-jobs),
@@ -58,6 +59,7 @@ the steps it finished), at most 8 plain files directly in $OUT:
     kernels.json       from bench/gpu_kernels.py
     collectives.json   from bench/gpu_collectives.py
     latency.json       from bench/gpu_latency.py
+    latency-8.json     from bench/gpu_latency.py --nproc 8 (memops, batched or not)
 
 The summary table is also the last thing printed. The exit status is 0 when
 no step failed or timed out.
@@ -93,7 +95,8 @@ OK, FAIL, SKIPPED, TIMEOUT = "ok", "FAIL", "skipped", "timeout"
 PACK_RESERVE_S = 8.0
 # Between SIGUSR1 (stacks) and SIGKILL.
 DUMP_GRACE_S = 2.0
-OUT_FILES = ("summary.txt", "results.json", "logs.tar.gz", "kernels.json", "collectives.json", "latency.json")
+OUT_FILES = ("summary.txt", "results.json", "logs.tar.gz", "kernels.json", "collectives.json", "latency.json",
+             "latency-8.json")
 # What one log may weigh in the tarball: the head and the tail are kept.
 LOG_KEEP_BYTES = 4 << 20
 TAR_LIMIT_BYTES = 15 << 20
@@ -937,14 +940,29 @@ def step_bench_collectives(check: "Check", run: StepRun):
     return OK, "2 ranks sharing the GPU (not NVLink): " + (_collectives_reason(path) or _bench_line(run.output(out)))
 
 
+# A node's worth of ranks (as on p4d) for what the host spends enqueueing a
+# call: a memops exchange's middle step is five operations per peer, each a
+# driver call of its own unless batched (SMDDP_CUDA_BATCH_MEMOPS). A fact
+# beside the step's verdict, run only when the two-rank modes passed.
+WIDE_RANKS = 8
+WIDE_RESERVE_S = 45.0
+
+
 def step_bench_latency(check: "Check", run: StepRun):
     path = _fresh(os.path.join(check.out, "latency.json"))
-    out = run.python([os.path.join("bench", "gpu_latency.py"), "--nproc", "2", "-n", "100", "--json", path])
+    out = run.python([os.path.join("bench", "gpu_latency.py"), "--nproc", "2", "-n", "100", "--json", path],
+                     timeout=max(1.0, run.left() - WIDE_RESERVE_S))  # fmt: skip
     summary = _latency_reason(path)
     if out.timed_out:
         return TIMEOUT, out.describe() + (f"; so far: {summary}" if summary else "")
     if not out.ok:
         return FAIL, f"{out.describe()}: {summary or _bench_line(run.output(out))}"
+    if run.left() > 20:
+        wide = _fresh(os.path.join(check.out, f"latency-{WIDE_RANKS}.json"))
+        more = run.python([os.path.join("bench", "gpu_latency.py"), "--nproc", str(WIDE_RANKS), "--modes",
+                           "memops,memops+batch", "-n", "30", "--json", wide], timeout=run.left() - 2)  # fmt: skip
+        status = OK if more.ok else TIMEOUT if more.timed_out else FAIL
+        run.sub(f"{WIDE_RANKS} ranks", status, more.seconds, _latency_reason(wide) or more.describe())
     return OK, "4 KiB AllReduce, 2 ranks sharing the GPU: " + (summary or _bench_line(run.output(out)))
 
 
@@ -963,8 +981,8 @@ STEPS = [
          doc="bench/gpu_kernels.py"),
     Step("bench-collectives", step_bench_collectives, cap_s=120, min_s=60, gpu=True, needs=("import",),
          doc="bench/gpu_collectives.py --nproc 2 (staged and zero-copy)"),
-    Step("bench-latency", step_bench_latency, cap_s=150, min_s=50, gpu=True, needs=("import",),
-         doc="bench/gpu_latency.py --nproc 2"),
+    Step("bench-latency", step_bench_latency, cap_s=180, min_s=50, gpu=True, needs=("import",),
+         doc="bench/gpu_latency.py --nproc 2, then 8"),
     Step("tests", step_tests, cap_s=200, min_s=60, gpu=True, needs=("import",), doc="each GPU test id alone, --test-jobs at a time"),
     Step("sanitizer", step_sanitizer, cap_s=90, min_s=20, gpu=True, needs=("import",), doc="compute-sanitizer"),
 ]
