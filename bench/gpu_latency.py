@@ -55,6 +55,30 @@ def mode_env(mode: str, world: int, nbytes: int) -> dict[str, str]:
             "SMDDP_CUDA_BATCH_MEMOPS": "1" if "batch" in flags else "0"}  # fmt: skip
 
 
+def collect(q, procs: list, timeout_s: float) -> dict | str:
+    """Rank 0's row from `q`, or why there is none: a rank that exited with an
+    error (its peers may wait for it until the group's timeout), or the time
+    is up. Polled, so that a failed mode costs seconds, not the timeout."""
+    import queue
+
+    end = time.monotonic() + timeout_s
+    while True:
+        try:
+            return q.get(timeout=0.5)
+        except queue.Empty:
+            pass
+        failed = [f"rank {r} exited with {p.exitcode}" for r, p in enumerate(procs) if p.exitcode not in (None, 0)]
+        if failed:
+            return ", ".join(failed)
+        if all(p.exitcode == 0 for p in procs):
+            try:
+                return q.get(timeout=1.0)
+            except queue.Empty:
+                return "every rank exited without a result"
+        if time.monotonic() > end:
+            return f"no result within {timeout_s:.0f} s"
+
+
 def _rank(rank: int, world: int, init: str, mode: str, nbytes: int, iters: int, out) -> None:
     _, parts = parse_mode(mode)
     os.environ.update(mode_env(mode, world, nbytes))
@@ -150,22 +174,31 @@ def main(argv: list[str] | None = None) -> int:
                  for r in range(args.nproc)]  # fmt: skip
         for pr in procs:
             pr.start()
+        got: dict | str = "interrupted"
         try:
-            rows.append(q.get(timeout=300))
+            got = collect(q, procs, 300.0)
         finally:
             for pr in procs:
-                pr.join(timeout=30)
+                # The peers of a failed rank wait for it: no grace for them.
+                pr.join(timeout=30 if isinstance(got, dict) else 0)
                 if pr.is_alive():
                     pr.kill()
-        r = rows[-1]
-        print(f"# {mode}: {r['latency_us']:.1f} us (host {r['host_us']:.1f} us){'' if r['ok'] else ' WRONG'}",
-              flush=True)
+                    pr.join(timeout=5)
+        if isinstance(got, dict):
+            rows.append(got)
+            print(f"# {mode}: {got['latency_us']:.1f} us (host {got['host_us']:.1f} us)"
+                  f"{'' if got['ok'] else ' WRONG'}", flush=True)  # fmt: skip
+        else:
+            # Recorded, and the next mode runs: one broken mode costs only itself.
+            rows.append({"mode": mode, "bytes": nbytes, "latency_us": None, "host_us": None, "ok": False,
+                         "error": got})  # fmt: skip
+            print(f"# {mode}: FAILED: {got}", flush=True)
         save()
     cols = [table.Column("mode"), table.Column("bytes"), table.Column("latency", "(us)", "{:.1f}"),
             table.Column("host", "(us)", "{:.1f}"), table.Column("ok")]
     print(f"# small CUDA AllReduce, {args.nproc} ranks sharing {device} (one GPU's time slices, not NVLink)")
-    print(table.text(cols, [[r["mode"], r["bytes"], r["latency_us"], r["host_us"], "yes" if r["ok"] else "NO"]
-                            for r in rows]))
+    print(table.text(cols, [[r["mode"], r["bytes"], r["latency_us"], r["host_us"],
+                             "yes" if r["ok"] else r.get("error", "NO")] for r in rows]))  # fmt: skip
     return 0 if all(r["ok"] for r in rows) else 3
 
 

@@ -329,6 +329,10 @@ def test_the_gpu_records_render_as_tables():
     text = views.markdown(latency)
     assert "| synchronization | latency (µs) | host in the call (µs) | checked |" in text
     assert "| host | 12.5 | 40.0 | ok |" in text and "| device | 7.5 | 3.2 | WRONG |" in text
+    latency["results"].append({"mode": "memops+batch", "bytes": 4096, "latency_us": None, "host_us": None,
+                               "ok": False, "error": "rank 1 exited with 1"})  # fmt: skip
+    text = views.markdown(latency)
+    assert "| memops+batch |  |  | failed: rank 1 exited with 1 |" in text and "batch: each step's" in text
     sweep = _sweep_record()
     sweep["floor"] = [{"op": "all_gather", "dtype": "float32", "size_bytes": 4096, "world": 4, "floor_us": 25.0,
                        "time_over_floor": {"smddp": 4.0, "gloo": None}}]  # fmt: skip
@@ -390,6 +394,58 @@ def test_the_gpu_latency_bench_modes():
             g.parse_mode(bad)
         with pytest.raises(SystemExit):
             g.main(["--modes", bad])
+
+
+def _exit_with(code: int) -> None:
+    os._exit(code)
+
+
+def _put_row(q) -> None:
+    q.put({"mode": "memops", "latency_us": 1.0})
+
+
+def _sleep_long() -> None:
+    import time
+
+    time.sleep(60)
+
+
+@pytest.mark.timeout(60)
+def test_a_failed_latency_mode_costs_seconds_not_the_timeout():
+    """bench/gpu_latency.py's collection of a mode's row: the row; a rank
+    that died names itself at once (its peers would wait for it until the
+    group's timeout); ranks that ended without a row, or no row in time."""
+    import multiprocessing as mp
+    import time
+
+    sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "bench"))
+    try:
+        import gpu_latency as g
+    finally:
+        sys.path.pop(0)
+    ctx = mp.get_context("spawn")
+
+    def run(targets, timeout_s=30.0):
+        q = ctx.Queue()
+        procs = [ctx.Process(target=t, args=a if a != "q" else (q,)) for t, a in targets]
+        for p in procs:
+            p.start()
+        t0 = time.monotonic()
+        try:
+            return g.collect(q, procs, timeout_s), time.monotonic() - t0
+        finally:
+            for p in procs:
+                p.kill()
+                p.join()
+
+    got, _ = run([(_put_row, "q"), (_exit_with, (0,))])
+    assert got == {"mode": "memops", "latency_us": 1.0}
+    got, took = run([(_sleep_long, ()), (_exit_with, (3,))])
+    assert got == "rank 1 exited with 3" and took < 15
+    got, _ = run([(_exit_with, (0,)), (_exit_with, (0,))])
+    assert got == "every rank exited without a result"
+    got, took = run([(_sleep_long, ())], timeout_s=2.0)
+    assert got == "no result within 2 s" and took < 10
 
 
 def test_the_gpu_collectives_bench_meets_as_told(tmp_path, monkeypatch):

@@ -489,9 +489,12 @@ def test_the_bench_summaries_read_the_records_the_benches_write(tmp_path):
     assert gpu_check._kernel_bench_reason(str(tmp_path / "k.json")) == (
         "float32 256 MiB: 80 % of copy (2400 against 3000 GB/s, 32 blocks)")
     rows = [{"mode": "host", "bytes": 4096, "latency_us": 41.3, "ok": True},
-            {"mode": "device+graph", "bytes": 4096, "latency_us": 9.0, "host_us": 2.25, "ok": False}]
+            {"mode": "device+graph", "bytes": 4096, "latency_us": 9.0, "host_us": 2.25, "ok": False},
+            {"mode": "memops+batch", "bytes": 4096, "latency_us": None, "host_us": None, "ok": False,
+             "error": "rank 1 exited with 1"}]
     record.write_gpu("gpu-latency", "bench/gpu_latency.py", [], none, None, "H200", rows, str(tmp_path / "l.json"))
-    assert gpu_check._latency_reason(str(tmp_path / "l.json")) == "host 41.3 us, device+graph 9.0 us (host 2.2) WRONG"
+    assert gpu_check._latency_reason(str(tmp_path / "l.json")) == (
+        "host 41.3 us, device+graph 9.0 us (host 2.2) WRONG, memops+batch failed (rank 1 exited with 1)")
     assert gpu_check._collectives_reason(str(tmp_path / "missing.json")) is None
     assert gpu_check._latency_reason(str(tmp_path / "missing.json")) is None
     # What the steps may write into OUT fits the device tool's limits.

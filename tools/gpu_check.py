@@ -903,7 +903,8 @@ def _latency_reason(path: str) -> str | None:
     try:
         with open(path) as f:
             rows = json.load(f)["results"]
-        return ", ".join(f"{r['mode']} {r['latency_us']:.1f} us"
+        return ", ".join(f"{r['mode']} failed ({r['error']})" if r.get("error") else
+                         f"{r['mode']} {r['latency_us']:.1f} us"
                          + (f" (host {r['host_us']:.1f})" if "host_us" in r else "")
                          + ("" if r["ok"] else " WRONG") for r in rows) or None  # fmt: skip
     except (OSError, ValueError, KeyError, TypeError):

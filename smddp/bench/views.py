@@ -260,8 +260,10 @@ def gpu_latency_markdown(rec: dict[str, Any]) -> tuple[str, str]:
     batch = any("batch" in r["mode"].split("+") for r in rec["results"])
     cols = [Column("synchronization", left=True), Column("latency", "(µs)", "{:.1f}")]
     cols += [Column("host in the call", "(µs)", "{:.1f}")] if host else []
-    rows = [[r["mode"], r["latency_us"]] + ([r["host_us"]] if host else []) + ["ok" if r["ok"] else "WRONG"]
-            for r in rec["results"]]  # fmt: skip
+    def checked(r: dict) -> str:
+        return "ok" if r["ok"] else f"failed: {r['error']}" if r.get("error") else "WRONG"
+
+    rows = [[r["mode"], r["latency_us"]] + ([r["host_us"]] if host else []) + [checked(r)] for r in rec["results"]]
     legend = (
         f"{rec['device']}: a native {s['bytes']} AllReduce of {s['nproc']} ranks sharing the GPU; host: the ranks' "
         "host threads meet between steps; device: kernels await flags (SMDDP_CUDA_SYNC=device); memops: the "
