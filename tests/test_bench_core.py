@@ -341,16 +341,23 @@ def test_the_gpu_records_render_as_tables():
     assert "| all_gather | 4K | 25.0 | 4.00 |  |" in text and "floor: the same bytes copied by one process" in text
 
 
+def _bench_script(name: str):
+    """One of bench/'s scripts, imported as a module (bench/ is no package)."""
+    import importlib
+
+    sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "bench"))
+    try:
+        return importlib.import_module(name)
+    finally:
+        sys.path.pop(0)
+
+
 def test_the_gpu_floor_moves_what_the_zero_copy_path_moves(tmp_path):
     """bench/gpu_collectives.py's floor (one process, the same copies and
     reductions) on CPU tensors: the bytes of each op's plan are the zero-copy
     schedule's, and every point of a record gets its floor and each path's
     ratio to it."""
-    sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "bench"))
-    try:
-        import gpu_collectives as g
-    finally:
-        sys.path.pop(0)
+    g = _bench_script("gpu_collectives")
     # world 4, count 1000: AllGather copies 16 inputs; ReduceScatter reduces
     # 4 sources into 4 blocks; AllReduce reduces 250-element slices, then
     # copies the 3 others' slices on every rank.
@@ -377,11 +384,7 @@ def test_the_gpu_floor_moves_what_the_zero_copy_path_moves(tmp_path):
 def test_the_gpu_latency_bench_modes():
     """bench/gpu_latency.py's modes: each one's knobs, and what is not a
     mode refused before any rank starts."""
-    sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "bench"))
-    try:
-        import gpu_latency as g
-    finally:
-        sys.path.pop(0)
+    g = _bench_script("gpu_latency")
     for mode in g.MODES:
         g.parse_mode(mode)
     assert g.mode_env("memops+batch+graph", 2, 4096) == {
@@ -418,11 +421,7 @@ def test_a_failed_latency_mode_costs_seconds_not_the_timeout():
     import multiprocessing as mp
     import time
 
-    sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "bench"))
-    try:
-        import gpu_latency as g
-    finally:
-        sys.path.pop(0)
+    g = _bench_script("gpu_latency")
     ctx = mp.get_context("spawn")
 
     def run(targets, timeout_s=30.0):
@@ -451,11 +450,7 @@ def test_a_failed_latency_mode_costs_seconds_not_the_timeout():
 def test_the_gpu_collectives_bench_meets_as_told(tmp_path, monkeypatch):
     """bench/gpu_collectives.py runs both paths with --sync as SMDDP_CUDA_SYNC
     (memops unless told), every rank on one GPU, and refuses other modes."""
-    sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "bench"))
-    try:
-        import gpu_collectives as g
-    finally:
-        sys.path.pop(0)
+    g = _bench_script("gpu_collectives")
     from smddp.bench import cli
 
     seen = []
