@@ -253,6 +253,11 @@ def gpu_kernels_markdown(rec: dict[str, Any]) -> tuple[str, str]:
         "alignment, as AllReduce slices of an odd count per rank are)")
 
 
+def _latency_checked(r: dict[str, Any]) -> str:
+    """A latency row's verdict: its result checked, wrong, or no result."""
+    return "ok" if r["ok"] else f"failed: {r['error']}" if r.get("error") else "WRONG"
+
+
 def gpu_latency_markdown(rec: dict[str, Any]) -> tuple[str, str]:
     s = rec["settings"]
     # Records before the host's time was measured have no such column.
@@ -260,10 +265,8 @@ def gpu_latency_markdown(rec: dict[str, Any]) -> tuple[str, str]:
     batch = any("batch" in r["mode"].split("+") for r in rec["results"])
     cols = [Column("synchronization", left=True), Column("latency", "(µs)", "{:.1f}")]
     cols += [Column("host in the call", "(µs)", "{:.1f}")] if host else []
-    def checked(r: dict) -> str:
-        return "ok" if r["ok"] else f"failed: {r['error']}" if r.get("error") else "WRONG"
-
-    rows = [[r["mode"], r["latency_us"]] + ([r["host_us"]] if host else []) + [checked(r)] for r in rec["results"]]
+    rows = [[r["mode"], r["latency_us"]] + ([r["host_us"]] if host else []) + [_latency_checked(r)]
+            for r in rec["results"]]  # fmt: skip
     legend = (
         f"{rec['device']}: a native {s['bytes']} AllReduce of {s['nproc']} ranks sharing the GPU; host: the ranks' "
         "host threads meet between steps; device: kernels await flags (SMDDP_CUDA_SYNC=device); memops: the "
