@@ -434,3 +434,58 @@ def case_collectives_inside_callbacks() -> list[str]:
 def test_collectives_inside_callbacks(pools, world: int) -> None:
     results = pools(world).run(case_collectives_inside_callbacks, timeout=40)
     assert_no_failures(results)
+
+
+def case_profiler_spans() -> dict:
+    """Under torch.profiler: an async call behind a late rank, a second one
+    queued behind it, each native op once, and one op the fallback serves."""
+    _setup()
+    from torch.profiler import ProfilerActivity, profile
+
+    rank, world = dist.get_rank(), dist.get_world_size()
+    dist.barrier()
+    with profile(activities=[ProfilerActivity.CPU], record_shapes=True) as prof:
+        if rank == world - 1:
+            time.sleep(DELAY)
+        first = dist.all_reduce(torch.ones(1000), async_op=True)
+        second = dist.all_reduce(torch.ones(3, 5), async_op=True)
+        first.wait()
+        second.wait()
+        errors = []
+        for op in _ops(rank, world).values():
+            work, check = op()
+            work.wait()
+            errors += [e for e in [check()] if e]
+        dist.all_to_all_single(torch.empty(world), torch.arange(float(world)))
+    events = [
+        {"name": e.name, "start": e.time_range.start, "end": e.time_range.end, "thread": e.thread,
+         "shapes": [list(s) for s in e.input_shapes]}
+        for e in prof.events() if e.name.startswith(("smddp:", "gloo:", "c10d::allreduce_"))
+    ]  # fmt: skip
+    return {"events": events, "errors": errors}
+
+
+@pytest.mark.timeout(60, func_only=True)
+def test_profiler_shows_each_collective_where_it_runs(pools) -> None:
+    results = pools(2).run(case_profiler_spans, timeout=45)
+    for rank, r in enumerate(results):
+        assert not r["errors"], f"rank {rank}: " + "; ".join(r["errors"])
+        names = [e["name"] for e in r["events"]]
+        for op in ("allreduce", "allgather_into_tensor", "reduce_scatter_tensor", "broadcast", "barrier"):
+            assert f"smddp:{op}" in names, f"rank {rank}: no span smddp:{op} in {names}"
+        # The fallback's op is the fallback's span alone.
+        assert "gloo:all_to_all" in names and not any("all_to_all" in n for n in names if n.startswith("smddp:")), names
+        spans = [e for e in r["events"] if e["name"] == "smddp:allreduce"]
+        first, second = spans[0], spans[1]
+        assert first["shapes"] == [[1000]] and second["shapes"] == [[3, 5]], [e["shapes"] for e in spans]
+        # The second span opens when its run starts, after the first's end,
+        # not when it was queued.
+        assert second["start"] >= first["end"], f"rank {rank}: the queued call's span overlaps the first: {spans[:2]}"
+    early = results[0]
+    first = next(e for e in early["events"] if e["name"] == "smddp:allreduce")
+    call = next(e for e in early["events"] if e["name"] == "c10d::allreduce_")
+    # The async call ran on the group's thread, and its span lasted until
+    # the late rank came; the call itself returned at once.
+    assert first["thread"] != call["thread"], "the async all_reduce's span is on the calling thread"
+    assert first["end"] - first["start"] > DELAY * 0.5e6, f"span of {first['end'] - first['start']} us"
+    assert call["end"] - call["start"] < RETURNS_WITHIN * 1e6

@@ -159,6 +159,14 @@ def case_streams_overlap_and_lifetime():
     fut = dist.all_reduce(y, async_op=True).get_future().then(lambda f: f.value()[0] * 2)
     if not torch.all(fut.wait() == 2 * world):
         failures.append("get_future().then: wrong value")
+    # The profiler shows the host's part of a CUDA call as smddp's span.
+    from torch.profiler import ProfilerActivity, profile
+
+    with profile(activities=[ProfilerActivity.CPU], record_shapes=True) as prof:
+        dist.all_reduce(torch.ones(333, device=dev))
+    spans = [list(map(list, e.input_shapes)) for e in prof.events() if e.name == "smddp:allreduce"]
+    if spans != [[[333]]]:
+        failures.append(f"profiler: spans smddp:allreduce {spans}, want one of shape [333]")
     return failures
 
 

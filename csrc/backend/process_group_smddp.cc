@@ -270,7 +270,7 @@ c10::intrusive_ptr<::c10d::Work> ProcessGroupSMDDP::submitNative(
       },
       executor_,
       timeout,
-      nullptr,
+      WorkSMDDP::profilingTitle(name),
       inputs);
   if (device_hooks != nullptr) {
     work->setDeviceHooks(

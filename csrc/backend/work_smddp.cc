@@ -1,6 +1,10 @@
 #include "backend/work_smddp.h"
 
+#include <ATen/ThreadLocalState.h>
+#include <ATen/record_function.h>
 #include <c10/util/Exception.h>
+
+#include <unordered_map>
 
 #include "backend/executor.h"
 #include "common/error.h"
@@ -34,13 +38,47 @@ WorkSMDDP::WorkSMDDP(
     std::chrono::milliseconds timeout,
     const char* profiling_title,
     const std::optional<std::vector<at::Tensor>>& inputs)
-    : ::c10d::Work(rank, op_type, profiling_title, inputs),
+    : ::c10d::Work(rank, op_type, nullptr, inputs),
       nseq_(nseq),
       name_(name),
       outputs_(std::move(outputs)),
       body_(std::move(body)),
       executor_(std::move(executor)),
-      timeout_(timeout) {}
+      timeout_(timeout) {
+  if (profiling_title == nullptr || !body_) {
+    return;
+  }
+  // The span opens where the body starts, not here: a queued async call
+  // would otherwise show as running while it waits for the ones before it.
+  auto span = std::make_shared<at::RecordFunction>(at::RecordScope::USER_SCOPE);
+  if (!span->isActive()) {
+    return;
+  }
+  std::vector<c10::IValue> args;
+  if (inputs) {
+    args.assign(inputs->begin(), inputs->end());
+  }
+  span_begin_ = at::wrapPropagateTLSState([span, profiling_title, args = std::move(args)]() {
+    span->_setAsync();  // it may end on another thread than the caller's
+    span->before(profiling_title, c10::ArrayRef<const c10::IValue>(args.data(), args.size()));
+  });
+  span_end_ = at::wrapPropagateTLSState([span]() { span->end(); });
+}
+
+const char* WorkSMDDP::profilingTitle(const char* op) {
+  if (!at::hasCallbacks()) {
+    return nullptr;
+  }
+  static std::mutex mu;
+  // Never freed: a profiler may read a title after the group is gone.
+  static auto* titles = new std::unordered_map<std::string, std::unique_ptr<const std::string>>();
+  std::lock_guard<std::mutex> lock(mu);
+  auto& title = (*titles)[op];
+  if (!title) {
+    title = std::make_unique<const std::string>(str("smddp:", op));
+  }
+  return title->c_str();
+}
 
 std::string WorkSMDDP::label() const {
   const uint64_t s = seq_.load(std::memory_order_acquire);
@@ -157,13 +195,21 @@ void WorkSMDDP::markFuture(const c10::intrusive_ptr<c10::ivalue::Future>& future
 
 void WorkSMDDP::runBody(uint64_t first) {
   seq_.store(first, std::memory_order_release);
+  if (span_begin_) {
+    span_begin_();
+  }
   try {
     body_(first);
   } catch (...) {
     error_ = std::current_exception();
   }
-  // Drop the closure (and the tensors it holds) before waking anyone.
+  if (span_end_) {
+    span_end_();
+  }
+  // Drop the closures (and the tensors they hold) before waking anyone.
   body_ = nullptr;
+  span_begin_ = nullptr;
+  span_end_ = nullptr;
 }
 
 void WorkSMDDP::fail(std::exception_ptr error) {
@@ -173,6 +219,8 @@ void WorkSMDDP::fail(std::exception_ptr error) {
 
 void WorkSMDDP::abandon(std::exception_ptr error) {
   body_ = nullptr;
+  span_begin_ = nullptr;
+  span_end_ = nullptr;
   error_ = error;
   finishUp();
 }

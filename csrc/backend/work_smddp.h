@@ -8,6 +8,11 @@
 // comm hooks chain on it), and then wakes wait(); a future asked for later
 // is born completed.
 //
+// With a torch profiler recording on the calling thread, the work's run
+// shows in the trace as a span "smddp:<op>" with the inputs' shapes, on the
+// thread that ran it: from the body's start to its end (for a CUDA call, the
+// host's part: enqueueing and any host rounds), as gloo shows its own.
+//
 // wait(timeout) first offers to run the work on the calling thread when it is
 // next in line and nothing else runs (a synchronous call then costs no thread
 // hand-off); otherwise it blocks. The operation's own deadline (the group's
@@ -43,6 +48,10 @@ class WorkSMDDP : public ::c10d::Work {
       std::chrono::milliseconds timeout,
       const char* profiling_title = nullptr,
       const std::optional<std::vector<at::Tensor>>& inputs = std::nullopt);
+  // "smddp:<op>", interned for the process's lifetime (a profiler keeps the
+  // name's pointer); nullptr when no profiler callback is registered on the
+  // calling thread or globally, so that a call pays nothing else then.
+  static const char* profilingTitle(const char* op);
   ~WorkSMDDP() override;
 
   bool isCompleted() override;
@@ -108,6 +117,10 @@ class WorkSMDDP : public ::c10d::Work {
   const char* const name_;
   std::vector<at::Tensor> outputs_;
   std::function<void(uint64_t)> body_;
+  // The profiler span's start and end (the caller's thread-local state
+  // carried to the thread that runs the body); empty when not profiled.
+  std::function<void()> span_begin_;
+  std::function<void()> span_end_;
   std::shared_ptr<Executor> executor_;
   std::chrono::milliseconds timeout_;
   // Made on the first getFuture() (most calls never ask for it).
