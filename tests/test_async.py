@@ -449,6 +449,9 @@ def case_profiler_spans() -> dict:
             time.sleep(DELAY)
         first = dist.all_reduce(torch.ones(1000), async_op=True)
         second = dist.all_reduce(torch.ones(3, 5), async_op=True)
+        # Long enough for the group's thread to take the first call (wait()
+        # would run a call that is still queued on this thread).
+        time.sleep(DELAY / 2)
         first.wait()
         second.wait()
         errors = []
@@ -484,8 +487,9 @@ def test_profiler_shows_each_collective_where_it_runs(pools) -> None:
     early = results[0]
     first = next(e for e in early["events"] if e["name"] == "smddp:allreduce")
     call = next(e for e in early["events"] if e["name"] == "c10d::allreduce_")
-    # The async call ran on the group's thread, and its span lasted until
-    # the late rank came; the call itself returned at once.
+    # The async call ran on the group's thread, and its span there (the
+    # profiler's state carried over) lasted until the late rank came; the
+    # call itself returned at once.
     assert first["thread"] != call["thread"], "the async all_reduce's span is on the calling thread"
     assert first["end"] - first["start"] > DELAY * 0.5e6, f"span of {first['end'] - first['start']} us"
     assert call["end"] - call["start"] < RETURNS_WITHIN * 1e6
