@@ -8,6 +8,7 @@ a broken group is unusable by design.
 from __future__ import annotations
 
 import glob
+import json
 import os
 import signal
 import subprocess
@@ -163,6 +164,81 @@ def test_segments_of_a_crashed_job_are_removed(tmp_path):
     os.chmod(name, 0o600)
     spawn_ranks(case_use_group, 2, timeout=60)
     assert not os.path.exists(name), "the stale segment of a dead process was left"
+
+
+_SMALL_SHM = r"""
+import json, sys, time, os
+sys.path.insert(0, sys.argv[1])
+from dist_harness import RankPool, RankFailure
+out = {}
+start = time.monotonic()
+try:
+    pool = RankPool(4, pg_timeout=60)
+    import test_reliability
+    out["default"] = "created, then: " + repr(pool.run(test_reliability.case_sum_of_ranks, timeout=60))
+    pool.close()
+except RankFailure as e:
+    out["default"] = str(e)
+out["seconds"] = time.monotonic() - start
+out["left"] = sorted(os.listdir("/dev/shm"))
+pool = RankPool(4, env={"SMDDP_SHM_SLOT_BYTES": "64K"}, pg_timeout=60)
+import test_reliability
+out["small_slots"] = pool.run(test_reliability.case_sum_of_ranks, timeout=60)
+pool.close()
+print("RESULT " + json.dumps(out))
+"""
+
+
+def case_sum_of_ranks():
+    t = torch.full((1 << 18,), float(dist.get_rank()))
+    dist.all_reduce(t)
+    return t[0].item(), t[-1].item()
+
+
+def _can_mount_a_tmpfs() -> bool:
+    probe = "mount -t tmpfs -o size=1m smddp-probe /dev/shm"
+    try:
+        return subprocess.run(["unshare", "--mount", "sh", "-c", probe], capture_output=True, timeout=30).returncode == 0
+    except (OSError, subprocess.TimeoutExpired):
+        return False
+
+
+@pytest.mark.timeout(240)
+def test_a_dev_shm_too_small_is_an_error_on_every_rank():
+    """A container's /dev/shm is often small (Docker gives 64 MiB): a group
+    whose staging slots do not fit must fail to be created on every rank of
+    the node, at once, saying what to change; never a SIGBUS when a page of
+    the segment is first touched."""
+    if not _can_mount_a_tmpfs():
+        pytest.skip("needs a mount namespace (root) to give the ranks a small /dev/shm")
+    tests = os.path.dirname(os.path.abspath(__file__))
+    script = "mount -t tmpfs -o size=2m,mode=1777 smddp-small /dev/shm && exec \"$0\" -c \"$1\" \"$2\""
+    proc = subprocess.run(
+        ["unshare", "--mount", "sh", "-c", script, sys.executable, _SMALL_SHM, tests],
+        capture_output=True,
+        text=True,
+        timeout=200,
+    )
+    lines = [l for l in proc.stdout.splitlines() if l.startswith("RESULT ")]
+    assert proc.returncode == 0 and lines, f"rc {proc.returncode}\n{proc.stdout[-4000:]}\n{proc.stderr[-4000:]}"
+    out = json.loads(lines[0][len("RESULT "):])
+    failure = out["default"]
+    # 4 ranks x 2 slots of 1 MiB do not fit in 2 MiB.
+    assert not failure.startswith("created"), failure
+    assert "died" not in failure and "exited" not in failure, failure
+    for rank in range(4):
+        assert f"--- rank {rank} ---" in failure, failure
+    blocks = failure.split("--- rank ")[1:]
+    for block in blocks:
+        assert "DistBackendError" in block, block
+        assert "/dev/shm" in block and "free of" in block, block
+        assert "--shm-size" in block and "SMDDP_SHM_SLOT_BYTES" in block, block
+    # The peers learn it from the rank that creates the segment, not from
+    # the group's 60 s timeout.
+    assert out["seconds"] < 40, out["seconds"]
+    assert out["left"] == [], out["left"]
+    # What the message advises works: smaller slots fit.
+    assert out["small_slots"] == [[6.0, 6.0]] * 4
 
 
 def case_threads_after_destroy():

@@ -69,6 +69,7 @@ std::unique_ptr<transport::NodeArena> makeArena(
     std::chrono::milliseconds timeout) {
   transport::NodeArena::Options o;
   o.slot_bytes = config.shm_slot_bytes;
+  o.slot_setting = "SMDDP_SHM_SLOT_BYTES";
   o.wait = waitPolicyOf(config);
   o.timeout = timeout;
   return std::make_unique<transport::NodeArena>(

@@ -92,7 +92,8 @@ constexpr int kYieldUsOversubscribed = 2000;
     "rail exceeds SMDDP_CHUNK_BYTES or a rail's data {kSequentialRailBytes}, unless the host's " \
     "ranks outnumber its CPUs (AllReduce: on its single-copy path).")          \
   X(shm_slot_bytes, "SMDDP_SHM_SLOT_BYTES", true, bytes, "1M", "4K..1G",             \
-    "Staging buffer of each rank in the node's shared-memory segment.")        \
+    "Staging buffer of each rank in the node's shared-memory segment: every "  \
+    "group takes two per local rank from /dev/shm (8 ranks: 16M at 1M).")      \
   X(spin_us, "SMDDP_SPIN_US", false, autoint, "auto", "0..1000000",                   \
     "Microseconds a waiting rank spins before it yields its CPU; auto: {kSpinUs}, "   \
     "or {kSpinUsOversubscribed} when the host's ranks outnumber its CPUs.")   \

@@ -24,6 +24,9 @@ namespace {
 
 constexpr uint64_t kMagic = 0x736d646470617231ull; // "smddpar1"
 constexpr uint32_t kVersion = 3;
+// Published instead of the segment's name when local rank 0 cannot create it
+// (a name starts with '/').
+constexpr const char* kCreateFailed = "!";
 
 size_t alignUp(size_t x, size_t a) {
   return (x + a - 1) / a * a;
@@ -80,7 +83,22 @@ NodeArena::NodeArena(
   const size_t total = totalBytes(local_size_, slot_bytes_);
   if (local_rank_ == 0) {
     sweepStaleSegments();
-    segment_ = SharedSegment::create(total);
+    try {
+      segment_ = SharedSegment::create(total);
+    } catch (const Error& e) {
+      // The node's other ranks wait for the segment's name: they get the
+      // reason instead, and fail now rather than at the group's timeout.
+      std::string why = str(
+          "the shared memory of this group's ", local_size_, " ranks on the node (",
+          local_size_, " x 2 slots of ", slot_bytes_, " bytes, and a header) does not fit: ", e.what(),
+          ". Give /dev/shm more room (Docker: --shm-size=1g or --ipc=host; Kubernetes: an emptyDir "
+          "with medium Memory mounted at /dev/shm)");
+      if (options_.slot_setting != nullptr) {
+        why += str(", or lower ", options_.slot_setting, " (every group on a node takes 2 slots per local rank)");
+      }
+      store.set(key, toBytes(str(kCreateFailed, why)));
+      SMDDP_THROW(kComm, why);
+    }
     header_ = static_cast<ArenaHeader*>(segment_->data());
     new (header_) ArenaHeader();
     header_->magic = kMagic;
@@ -101,6 +119,11 @@ NodeArena::NodeArena(
     store.set(key, toBytes(segment_->name()));
   } else {
     std::string name = toString(store.get(key));
+    if (name.rfind(kCreateFailed, 0) == 0) {
+      SMDDP_THROW(
+          kComm, "local rank 0 of the node (rank ", group_ranks_[0], ") could not create the node's shared memory: ",
+          name.substr(std::strlen(kCreateFailed)));
+    }
     segment_ = SharedSegment::attach(name, total);
     header_ = static_cast<ArenaHeader*>(segment_->data());
     if (header_->magic != kMagic || header_->version != kVersion ||

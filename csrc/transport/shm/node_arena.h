@@ -93,6 +93,8 @@ class NodeArena {
     size_t slot_bytes = 1 << 20;
     WaitPolicy wait;
     std::chrono::milliseconds timeout{30000};
+    // The setting that sizes the slots, named where they do not fit.
+    const char* slot_setting = nullptr;
   };
 
   // Collective over the node's ranks. `key` must be unique to the group and

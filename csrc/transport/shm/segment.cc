@@ -5,6 +5,7 @@
 #include <sys/mman.h>
 #include <sys/random.h>
 #include <sys/stat.h>
+#include <sys/statvfs.h>
 #include <unistd.h>
 
 #include <cerrno>
@@ -41,6 +42,44 @@ void* mapFd(int fd, size_t bytes, const std::string& name) {
         "; is /dev/shm large enough? (df -h /dev/shm)");
   }
   return p;
+}
+
+std::string mebibytes(unsigned long long bytes) {
+  char buf[32];
+  std::snprintf(buf, sizeof(buf), "%.1f MiB", static_cast<double>(bytes) / (1 << 20));
+  return buf;
+}
+
+// ftruncate only sets a segment's size: tmpfs hands out its pages when they
+// are first touched, and when /dev/shm is full that touch is a SIGBUS, in
+// whichever collective first reaches the page. Reserving every page here
+// turns a segment that does not fit into an error at set-up.
+void reservePages(int fd, size_t bytes, const std::string& name) {
+  int err = 0;
+  do {
+    err = ::posix_fallocate(fd, 0, static_cast<off_t>(bytes));
+  } while (err == EINTR);
+  if (err != ENOSPC && err != ENOMEM && err != EFBIG && err != EDQUOT) {
+    return; // reserved, or a file system that cannot reserve: mmap's populate still tries
+  }
+  std::string room;
+  struct statvfs vfs;
+  if (::statvfs(kShmDir, &vfs) == 0) {
+    room = str("; ", kShmDir, " has ",
+               mebibytes(static_cast<unsigned long long>(vfs.f_bavail) * vfs.f_frsize), " free of ",
+               mebibytes(static_cast<unsigned long long>(vfs.f_blocks) * vfs.f_frsize));
+  }
+  SMDDP_THROW(
+      kComm,
+      "cannot reserve ",
+      mebibytes(bytes),
+      " (",
+      bytes,
+      " bytes) of shared memory for segment ",
+      name,
+      ": ",
+      errnoString(err),
+      room);
 }
 
 int sweepOne(const std::string& entry) {
@@ -142,6 +181,7 @@ std::unique_ptr<SharedSegment> SharedSegment::create(size_t bytes) {
   }
   void* p = nullptr;
   try {
+    reservePages(fd, bytes, name);
     p = mapFd(fd, bytes, name);
   } catch (...) {
     ::close(fd);

@@ -17,7 +17,9 @@ namespace smddp::transport {
 
 class SharedSegment {
  public:
-  // Creates a new segment of `bytes` (zeroed, pages populated).
+  // Creates a new segment of `bytes` (zeroed, every page reserved and
+  // populated): one that /dev/shm cannot hold is an error here, never a
+  // SIGBUS at a later first touch.
   static std::unique_ptr<SharedSegment> create(size_t bytes);
   // Maps the segment created under `name`; its size must be `bytes`.
   static std::unique_ptr<SharedSegment> attach(const std::string& name, size_t bytes);
