@@ -3,9 +3,11 @@
 // staging slot), results checked exactly; disagreeing ranks; a dead peer; a
 // timeout; nothing left in /dev/shm.
 #include <dirent.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
 #include <cmath>
+#include <csignal>
 #include <cstdio>
 #include <cstring>
 #include <functional>
@@ -393,4 +395,53 @@ SMDDP_TEST(slot_too_small_for_the_node_fails_on_every_rank) {
     o.timeout = std::chrono::milliseconds(2000);
     EXPECT_THROWS(NodeArena(store, "arena", rank, iota(3), o), kConfig, "SMDDP_SHM_SLOT_BYTES to at least 4096");
   });
+}
+
+SMDDP_TEST(the_nearest_common_ancestor_of_sibling_ranks_is_their_launcher) {
+  // Under Yama's ptrace_scope 1 each rank declares this ancestor as its
+  // tracer, so that its siblings may read its memory.
+  const int self = static_cast<int>(::getpid());
+  EXPECT_EQ(transport::parentPid(self), static_cast<int>(::getppid()));
+  EXPECT_EQ(transport::nearestCommonAncestor({self}), self);
+  EXPECT_EQ(transport::nearestCommonAncestor({}), 0);
+  const int scope = transport::yamaPtraceScope();
+  EXPECT_TRUE(scope >= -1 && scope <= 3);
+  int fds[2];
+  EXPECT_EQ(::pipe(fds), 0);
+  // a: a rank that forked a worker g; b: its sibling.
+  const pid_t a = ::fork();
+  if (a == 0) {
+    const pid_t g = ::fork();
+    if (g == 0) {
+      ::sleep(30);
+      ::_exit(0);
+    }
+    const int gpid = static_cast<int>(g);
+    (void)!::write(fds[1], &gpid, sizeof(gpid));
+    ::sleep(30);
+    ::kill(g, SIGKILL);
+    ::_exit(0);
+  }
+  const pid_t b = ::fork();
+  if (b == 0) {
+    ::sleep(30);
+    ::_exit(0);
+  }
+  int g = 0;
+  EXPECT_EQ(::read(fds[0], &g, sizeof(g)), static_cast<ssize_t>(sizeof(g)));
+  EXPECT_EQ(transport::parentPid(g), static_cast<int>(a));
+  EXPECT_EQ(transport::nearestCommonAncestor({static_cast<int>(a), static_cast<int>(b)}), self);
+  EXPECT_EQ(transport::nearestCommonAncestor({g, static_cast<int>(b)}), self);
+  EXPECT_EQ(transport::nearestCommonAncestor({static_cast<int>(b), g}), self);
+  EXPECT_EQ(transport::nearestCommonAncestor({g, static_cast<int>(a)}), static_cast<int>(a));
+  EXPECT_EQ(transport::nearestCommonAncestor({self, g, static_cast<int>(b)}), self);
+  ::kill(g, SIGKILL);
+  ::kill(a, SIGKILL);
+  ::kill(b, SIGKILL);
+  ::waitpid(a, nullptr, 0);
+  ::waitpid(b, nullptr, 0);
+  // A process that is gone has no parent to follow.
+  EXPECT_EQ(transport::parentPid(static_cast<int>(b)), 0);
+  ::close(fds[0]);
+  ::close(fds[1]);
 }

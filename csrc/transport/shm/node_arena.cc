@@ -1,6 +1,7 @@
 #include "transport/shm/node_arena.h"
 
 #include <poll.h>
+#include <sys/prctl.h>
 #include <signal.h>
 #include <sys/syscall.h>
 #include <sys/uio.h>
@@ -10,6 +11,7 @@
 #include <chrono>
 #include <cerrno>
 #include <cstring>
+#include <fstream>
 
 #include "common/error.h"
 #include "common/log.h"
@@ -51,6 +53,62 @@ size_t totalBytes(int local_size, size_t slot_bytes) {
 }
 
 } // namespace
+
+int parentPid(int pid) {
+  std::ifstream f(str("/proc/", pid, "/stat"));
+  std::string line;
+  if (!f || !std::getline(f, line)) {
+    return 0;
+  }
+  // The command name (field 2) may hold spaces and parentheses: the state
+  // and the parent follow the last ')'.
+  const size_t close = line.rfind(')');
+  if (close == std::string::npos) {
+    return 0;
+  }
+  char state = 0;
+  int ppid = 0;
+  return std::sscanf(line.c_str() + close + 1, " %c %d", &state, &ppid) == 2 ? ppid : 0;
+}
+
+int nearestCommonAncestor(const std::vector<int>& pids) {
+  if (pids.empty()) {
+    return 0;
+  }
+  auto lineOf = [](int pid) {
+    std::vector<int> line;
+    // Bounded: a parent chain that loops (pids reused while it is walked)
+    // must not hang set-up.
+    for (int p = pid; p > 0 && line.size() < 4096; p = parentPid(p)) {
+      line.push_back(p);
+    }
+    return line;
+  };
+  const std::vector<int> mine = lineOf(pids[0]);
+  std::vector<std::vector<int>> others;
+  for (size_t i = 1; i < pids.size(); ++i) {
+    others.push_back(lineOf(pids[i]));
+  }
+  for (int candidate : mine) {
+    bool shared = true;
+    for (const auto& line : others) {
+      shared = shared && std::find(line.begin(), line.end(), candidate) != line.end();
+    }
+    if (shared) {
+      return candidate;
+    }
+  }
+  return 0;
+}
+
+int yamaPtraceScope() {
+  std::ifstream f("/proc/sys/kernel/yama/ptrace_scope");
+  int scope = -1;
+  if (!(f >> scope)) {
+    return -1;
+  }
+  return scope;
+}
 
 NodeArena::NodeArena(
     Store& store,
@@ -207,6 +265,32 @@ void NodeArena::waitAttached(const Deadline& deadline) {
   }
 }
 
+void NodeArena::allowNodePeersToRead() {
+  // Under Yama's ptrace_scope 1 (Ubuntu's default) a process may read
+  // another's memory only if it descends from it, or from the tracer that
+  // the other declared (PR_SET_PTRACER). The node's ranks are siblings
+  // under their launcher, so each declares the nearest ancestor they all
+  // share: exactly that launcher's descendants may then read it, where
+  // scope 0 lets every process of the user. Init is never declared (that
+  // would be scope 0 for this process); the probe then finds single-copy
+  // unavailable, as it does under scopes 2 and 3.
+  if (local_size_ < 2 || yamaPtraceScope() != 1) {
+    return;
+  }
+  const int ancestor = nearestCommonAncestor(pids_);
+  if (ancestor <= 1) {
+    SMDDP_LOG(kInfo, "kernel.yama.ptrace_scope is 1 and the node's ranks share no launcher below init: "
+              "single-copy transfers need it to be 0 (sysctl kernel.yama.ptrace_scope=0)");
+    return;
+  }
+  if (::prctl(PR_SET_PTRACER, static_cast<unsigned long>(ancestor), 0, 0, 0) != 0) {
+    SMDDP_LOG(kInfo, "prctl(PR_SET_PTRACER, ", ancestor, ") failed: ", errnoString(errno));
+    return;
+  }
+  SMDDP_LOG(kDebug, "kernel.yama.ptrace_scope is 1: declared the ranks' launcher (pid ", ancestor,
+            ") as this process's tracer, so that the node's ranks may read its memory");
+}
+
 void NodeArena::probeSingleCopy(const Deadline& deadline) {
   // Each rank publishes the address and value of a private cookie, and the
   // address of a private word; the others try to read the cookie with
@@ -220,6 +304,7 @@ void NodeArena::probeSingleCopy(const Deadline& deadline) {
   me.cookie = probe_cookie_;
   me.cookie_addr = reinterpret_cast<uint64_t>(&probe_cookie_);
   me.echo_addr = reinterpret_cast<uint64_t>(&probe_echo_);
+  allowNodePeersToRead();
   post();
   waitAllPhase(my_phase_, deadline);
   bool ok = true;
@@ -251,6 +336,7 @@ void NodeArena::probeSingleCopy(const Deadline& deadline) {
         group_ranks_[l],
         ": ",
         n < 0 ? errnoString(err) : std::string("wrong data"),
+        yamaPtraceScope() > 0 ? str("; kernel.yama.ptrace_scope is ", yamaPtraceScope()) : std::string(),
         "); staging through shared memory");
     ok = false;
   }

@@ -87,6 +87,16 @@ struct ArenaHeader {
   char abort_msg[1024];
 };
 
+// The parent of process `pid` (/proc/<pid>/stat), or 0 if it is gone.
+int parentPid(int pid);
+
+// The nearest process that every one of `pids` is, or descends from (a
+// process counts as its own ancestor); 0 if there is none.
+int nearestCommonAncestor(const std::vector<int>& pids);
+
+// Yama's kernel.yama.ptrace_scope, or -1 where the kernel has no Yama.
+int yamaPtraceScope();
+
 class NodeArena {
  public:
   struct Options {
@@ -192,6 +202,7 @@ class NodeArena {
   uint32_t abortState() const;
   void waitAttached(const Deadline& deadline);
   void probeSingleCopy(const Deadline& deadline);
+  void allowNodePeersToRead();
   std::string describePeer(int l) const;
   // Waits until local rank l's `counter` reaches `target` (or the arena is
   // aborted, or l exits).
