@@ -228,6 +228,68 @@ def test_describe_and_topology(pools, world: int, env: dict) -> None:
     assert len({r["describe"] for r in results}) == 1, [r["describe"] for r in results]
 
 
+_APART_SCRIPT = r"""
+import datetime, sys
+import torch
+import torch.distributed as dist
+import smddp  # noqa: F401
+
+torch.set_num_threads(1)
+rank, init = int(sys.argv[1]), sys.argv[2]
+dist.init_process_group("smddp", init_method=init, rank=rank, world_size=2, timeout=datetime.timedelta(seconds=60))
+be = dist.group.WORLD._get_backend(torch.device("cpu"))
+t = torch.arange(1 << 16, dtype=torch.float32) + rank
+dist.all_reduce(t)
+assert t[:3].tolist() == [1.0, 3.0, 5.0], t[:3]
+out = torch.empty(2, dtype=torch.int64)
+dist.all_gather_into_tensor(out, torch.tensor([rank]))
+assert out.tolist() == [0, 1], out
+dist.barrier()
+print("DESCRIBE", be.describe(), "NODES", be.topology()["nodes"], flush=True)
+dist.destroy_process_group()
+"""
+
+_APART = {
+    # A container of its own /dev/shm (Docker without --ipc=host).
+    "own-dev-shm": ["unshare", "--mount", "sh", "-c",
+                    'mount -t tmpfs -o size=64m,mode=1777 smddp-apart /dev/shm && exec "$0" "$@"'],
+    # A container of its own pid namespace (Docker without --pid=host): the
+    # pids a rank publishes mean nothing to the other.
+    "own-pids": ["unshare", "--pid", "--fork", "--mount-proc"],
+}
+
+
+@pytest.mark.timeout(150, func_only=True)
+@pytest.mark.parametrize("apart", sorted(_APART))
+def test_ranks_of_one_host_that_cannot_share_memory_are_two_nodes(tmp_path, apart: str) -> None:
+    """Containers on one host with host networking share its name, but not
+    always its /dev/shm or its pids: ranks that cannot share a node arena
+    are two nodes, joined by TCP, and their collectives work."""
+    if subprocess.run([*_APART[apart], "true"], capture_output=True).returncode != 0:
+        pytest.skip(f"needs {_APART[apart][:2]} (root) to put a rank apart")
+    init = f"file://{tmp_path / 'init'}"
+    procs = [
+        subprocess.Popen(
+            [*prefix, sys.executable, "-c", _APART_SCRIPT, str(rank), init],
+            env=_clean_env(), cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+        )
+        for rank, prefix in enumerate([[], _APART[apart]])
+    ]
+    try:
+        for rank, p in enumerate(procs):
+            out, err = p.communicate(timeout=120)
+            assert p.returncode == 0, f"rank {rank} exited with {p.returncode}:\n{out[-2000:]}\n{err[-4000:]}"
+            assert "NODES 2" in out, f"rank {rank}: {out}"
+            # The machine's first rank says why, once, and what to change.
+            said = err.count("cannot share memory")
+            assert said == (1 if rank == 0 else 0) and ("--ipc=host --pid=host" in err or rank), f"rank {rank}: {err}"
+    finally:
+        for p in procs:
+            if p.poll() is None:
+                p.kill()
+                p.wait()
+
+
 def case_subgroup_topology(members: list[int]) -> dict | None:
     torch.set_num_threads(1)
     g = dist.new_group(ranks=members, backend="smddp")

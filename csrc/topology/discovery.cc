@@ -1,10 +1,12 @@
 #include "topology/discovery.h"
 
 #include <algorithm>
+#include <atomic>
 #include <cstdlib>
 #include <sstream>
 
 #include "common/error.h"
+#include "common/log.h"
 
 namespace smddp::topology {
 
@@ -12,6 +14,15 @@ namespace {
 
 const char* fromEnv(const std::function<const char*(const char*)>& getenv, const char* name) {
   return getenv ? getenv(name) : std::getenv(name);
+}
+
+std::string memoryDomainOf(const std::vector<uint8_t>& place) {
+  std::istringstream in(toString(place));
+  int rank = 0;
+  int cpus = 0;
+  std::string domain;
+  in >> rank >> cpus >> domain;
+  return domain;
 }
 
 } // namespace
@@ -25,21 +36,41 @@ Placement discoverPlacement(
     int ranks_per_node,
     const std::function<const char*(const char*)>& getenv) {
   const std::string host = hostIdentity();
-  auto places = storeAllGather(store, key, rank, size, toBytes(str(global_rank, " ", usableCpus(), " ", host)));
+  const std::string domain = memoryDomain();
+  auto places = storeAllGather(
+      store, key, rank, size, toBytes(str(global_rank, " ", usableCpus(), " ", domain, " ", host)));
   Placement p;
-  for (auto& bytes : places) {
-    std::istringstream place(toString(bytes));
+  int apart = -1; // a rank of this machine that cannot share this rank's memory
+  int first_here = -1; // the machine's lowest rank, which says so
+  for (size_t r = 0; r < places.size(); ++r) {
+    std::istringstream place(toString(places[r]));
     int peer_rank = 0;
     int peer_cpus = 0;
+    std::string peer_domain;
     std::string peer_host;
-    place >> peer_rank >> peer_cpus;
+    place >> peer_rank >> peer_cpus >> peer_domain;
     place.get();
     std::getline(place, peer_host);
-    p.node_keys.push_back(nodeKey(peer_host, peer_rank, ranks_per_node));
+    // A node is what can share memory; the "auto" knobs count what shares
+    // the machine's CPUs.
+    p.node_keys.push_back(nodeKey(str(peer_host, " ", peer_domain), peer_rank, ranks_per_node));
     if (peer_host == host) {
+      first_here = first_here < 0 ? static_cast<int>(r) : first_here;
       ++p.host_ranks;
       p.host_cpus = p.host_cpus == 0 ? peer_cpus : std::min(p.host_cpus, peer_cpus);
+      if (peer_domain != domain && apart < 0) {
+        apart = static_cast<int>(r);
+      }
     }
+  }
+  // Once per process: every group a mesh creates would find it again.
+  static std::atomic<bool> said{false};
+  if (apart >= 0 && rank == first_here && !said.exchange(true)) {
+    SMDDP_LOG(kWarn, "rank ", rank, " and rank ", apart, " run on one machine but cannot share memory (",
+              domain, " here, ", memoryDomainOf(places[static_cast<size_t>(apart)]),
+              " there: another /dev/shm or pid namespace, as in containers without the host's IPC and pid "
+              "namespaces), so they are on different nodes and talk over TCP; run them in one container, or "
+              "with --ipc=host --pid=host, to let them use shared memory");
   }
   // A sub-group shares the host with the rest of the job (torchrun says
   // how many ranks it started here).

@@ -1,6 +1,8 @@
 #include "topology/topology.h"
 
 #include <sched.h>
+#include <sys/stat.h>
+#include <sys/sysmacros.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -97,6 +99,17 @@ std::string hostIdentity() {
     std::getline(f, boot);
   }
   return str(host, "/", boot);
+}
+
+std::string memoryDomain() {
+  std::string shm = "none";
+  struct stat st;
+  if (::stat("/dev/shm", &st) == 0) {
+    shm = str(major(st.st_dev), ":", minor(st.st_dev));
+  }
+  char ns[64] = {0};
+  const ssize_t n = ::readlink("/proc/self/ns/pid", ns, sizeof(ns) - 1);
+  return str("shm:", shm, ",", n > 0 ? std::string(ns, static_cast<size_t>(n)) : std::string("pid:none"));
 }
 
 int usableCpus() {

@@ -76,9 +76,16 @@ class Topology {
 // last ("ranks 8, 16, ..., 1016 (127 ranks)"): for messages.
 std::string rankList(const std::vector<int>& ranks);
 
-// This host's identity: the hostname and the kernel's boot id, so that two
-// containers that share a hostname but not memory are told apart.
+// This machine's identity: the hostname and the kernel's boot id (two
+// machines that share a hostname are told apart by the second).
 std::string hostIdentity();
+
+// What the ranks of one machine must share to meet in a node's shared
+// memory: the /dev/shm they see (its device) and their pid namespace (a
+// rank's pid must name the same process to its peers). Containers on one
+// machine (host networking gives them its hostname) differ in one or both
+// unless they run with the host's IPC and pid namespaces. No spaces.
+std::string memoryDomain();
 
 // CPUs this process may run on (its affinity mask), at least 1.
 int usableCpus();

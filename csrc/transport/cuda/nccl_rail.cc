@@ -35,7 +35,9 @@ std::string ncclHostPerProcess() {
     if (set != nullptr && *set != '\0') {
       return std::string(set);
     }
-    std::string mine = str(topology::hostIdentity(), "/process-", static_cast<long>(getpid()));
+    // The memory domain too: processes of other pid namespaces may share a pid.
+    std::string mine = str(
+        topology::hostIdentity(), "/", topology::memoryDomain(), "/process-", static_cast<long>(getpid()));
     setenv("NCCL_HOSTID", mine.c_str(), 0);
     return mine;
   }();
