@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import datetime
+import os
 import threading
 from typing import Any
 
@@ -19,6 +20,29 @@ _lock = threading.Lock()
 _registered = False
 
 
+# gloo connects every pair of a group's ranks when the group is created: a
+# socket and a store round trip per peer, on every rank, for every group (at
+# a thousand ranks, past the usual limit of open files), for a fallback that
+# serves few calls and often none. With torch's lazy pairs a pair connects on
+# its first message. torch reads the switch from the environment whenever a
+# gloo group is created, so it is set around the fallback's creation only (a
+# user's own gloo groups keep their behaviour), and a user's own setting of
+# it is left to decide.
+_GLOO_LAZY = "TORCH_GLOO_LAZY_INIT"
+_env_lock = threading.Lock()
+
+
+def _fallback_gloo(store: dist.Store, rank: int, size: int, timeout: datetime.timedelta) -> Any:
+    with _env_lock:
+        if _GLOO_LAZY in os.environ:
+            return dist.ProcessGroupGloo(store, rank, size, timeout)
+        os.environ[_GLOO_LAZY] = "1"
+        try:
+            return dist.ProcessGroupGloo(store, rank, size, timeout)
+        finally:
+            del os.environ[_GLOO_LAZY]
+
+
 def _make_fallbacks(
     store: dist.Store, rank: int, size: int, timeout: datetime.timedelta, mode: str
 ) -> list[tuple[str, Any]]:
@@ -27,7 +51,7 @@ def _make_fallbacks(
     Called by the native layer whenever a group is created (also by split),
     with a store prefixed for the fallbacks.
     """
-    gloo = dist.ProcessGroupGloo(dist.PrefixStore("gloo/", store), rank, size, timeout)
+    gloo = _fallback_gloo(dist.PrefixStore("gloo/", store), rank, size, timeout)
     out: list[tuple[str, Any]] = [("cpu", gloo)]
     # nccl needs a GPU per rank: ranks that share GPUs fall back to gloo.
     shared_gpus = int(_config.current()["SMDDP_CUDA_RANKS_PER_GPU"]) > 1

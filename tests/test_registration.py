@@ -290,6 +290,58 @@ def test_ranks_of_one_host_that_cannot_share_memory_are_two_nodes(tmp_path, apar
                 p.wait()
 
 
+def _sockets() -> int:
+    n = 0
+    for fd in os.listdir("/proc/self/fd"):
+        try:
+            n += os.readlink(f"/proc/self/fd/{fd}").startswith("socket:")
+        except OSError:
+            pass
+    return n
+
+
+def case_fallback_connections() -> dict:
+    """Sockets a new group opens: smddp's own (none inside one node) and its
+    gloo fallback's, before and after the fallback first serves a call."""
+    torch.set_num_threads(1)
+    world = dist.get_world_size()
+    out = {}
+    before = _sockets()
+    g = dist.new_group(backend="smddp")
+    out["created"] = _sockets() - before
+    got = torch.empty(world)
+    dist.all_to_all_single(got, torch.full((world,), float(dist.get_rank())), group=g)  # the fallback's
+    out["all_to_all"] = got.tolist()
+    out["after_use"] = _sockets() - before
+    # A user's own gloo group still connects every pair when created.
+    before = _sockets()
+    mine = dist.new_group(backend="gloo")
+    out["own_gloo"] = _sockets() - before
+    out["lazy_left_set"] = os.environ.get("TORCH_GLOO_LAZY_INIT")
+    dist.destroy_process_group(mine)
+    dist.destroy_process_group(g)
+    return out
+
+
+@pytest.mark.timeout(90, func_only=True)
+def test_the_fallback_connects_a_pair_of_ranks_when_it_first_serves_it(pools) -> None:
+    """gloo connects every pair of a group when it is created: at a thousand
+    ranks that is a thousand sockets and store round trips per rank and
+    group, past the usual limit of open files, for a fallback that may never
+    serve a call. smddp's fallback connects a pair on its first message."""
+    world = 6
+    results = pools(world).run(case_fallback_connections, timeout=60)
+    for rank, r in enumerate(results):
+        assert r["all_to_all"] == [float(p) for p in range(world)], r
+        # A listening socket, and a peer's connection that may come early,
+        # not one for each of the 5 peers.
+        assert r["created"] <= 2, f"rank {rank}: {r}"
+        assert r["after_use"] > r["created"], f"rank {rank}: {r}"
+        # A listening socket and a connection per peer (one may come late).
+        assert r["own_gloo"] >= world - 1, f"rank {rank}: {r}"
+        assert r["lazy_left_set"] is None, f"rank {rank}: {r}"
+
+
 def case_subgroup_topology(members: list[int]) -> dict | None:
     torch.set_num_threads(1)
     g = dist.new_group(ranks=members, backend="smddp")
