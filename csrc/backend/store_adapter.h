@@ -37,6 +37,40 @@ class C10dStoreAdapter : public Store {
     return store_->get(key);
   }
 
+  std::vector<std::vector<uint8_t>> getAll(const std::vector<std::string>& keys) override {
+    if (keys.empty()) {
+      return {};
+    }
+    try {
+      store_->wait(keys, timeout_);
+    } catch (const std::exception& e) {
+      // Only on this path: which keys are missing, for the message.
+      std::string missing;
+      int named = 0;
+      for (const auto& key : keys) {
+        bool there = false;
+        try {
+          there = store_->check({key});
+        } catch (const std::exception&) {
+        }
+        if (!there && named < 8) {
+          missing += str(named++ > 0 ? ", '" : "'", key, "'");
+        }
+      }
+      SMDDP_THROW(
+          kTimeout,
+          "the store did not provide ",
+          missing.empty() ? std::string("every key") : missing,
+          " within ",
+          timeout_.count(),
+          " ms (did every rank create the group?): ",
+          e.what());
+    }
+    // TCPStore answers all of them in one round trip; other stores ask for
+    // each.
+    return store_->multiGet(keys);
+  }
+
   int64_t add(const std::string& key, int64_t delta) override {
     return store_->add(key, delta);
   }

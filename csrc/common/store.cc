@@ -11,10 +11,18 @@ std::vector<std::vector<uint8_t>> storeAllGather(
     int size,
     const std::vector<uint8_t>& mine) {
   store.set(str(prefix, "/", rank), mine);
-  std::vector<std::vector<uint8_t>> all(static_cast<size_t>(size));
+  std::vector<std::string> keys;
+  keys.reserve(static_cast<size_t>(size));
   for (int r = 0; r < size; ++r) {
-    all[static_cast<size_t>(r)] =
-        r == rank ? mine : store.get(str(prefix, "/", r));
+    if (r != rank) {
+      keys.push_back(str(prefix, "/", r));
+    }
+  }
+  std::vector<std::vector<uint8_t>> theirs = store.getAll(keys);
+  SMDDP_ASSERT(theirs.size() == keys.size(), "the store returned ", theirs.size(), " values for ", keys.size(), " keys");
+  std::vector<std::vector<uint8_t>> all(static_cast<size_t>(size));
+  for (int r = 0, i = 0; r < size; ++r) {
+    all[static_cast<size_t>(r)] = r == rank ? mine : std::move(theirs[static_cast<size_t>(i++)]);
   }
   return all;
 }

@@ -20,6 +20,17 @@ class Store {
   // Blocks until the key exists.
   virtual std::vector<uint8_t> get(const std::string& key) = 0;
   virtual int64_t add(const std::string& key, int64_t delta) = 0;
+  // Blocks until every key exists; their values, in order. A store that can
+  // fetch many keys in one round trip does (an all-gather of N ranks then
+  // costs each rank two round trips, not 2N).
+  virtual std::vector<std::vector<uint8_t>> getAll(const std::vector<std::string>& keys) {
+    std::vector<std::vector<uint8_t>> values;
+    values.reserve(keys.size());
+    for (const auto& key : keys) {
+      values.push_back(get(key));
+    }
+    return values;
+  }
 };
 
 // Each rank publishes `mine` under prefix/<rank> and receives everybody's,

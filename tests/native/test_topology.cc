@@ -83,6 +83,56 @@ SMDDP_TEST(store_barrier_rounds_and_failures) {
   });
 }
 
+namespace {
+
+// A store over a DirStore that counts how each rank asks for keys.
+class CountingStore : public Store {
+ public:
+  explicit CountingStore(Store& inner) : inner_(inner) {}
+  void set(const std::string& key, const std::vector<uint8_t>& value) override {
+    inner_.set(key, value);
+  }
+  std::vector<uint8_t> get(const std::string& key) override {
+    ++gets;
+    return inner_.get(key);
+  }
+  int64_t add(const std::string& key, int64_t delta) override {
+    return inner_.add(key, delta);
+  }
+  std::vector<std::vector<uint8_t>> getAll(const std::vector<std::string>& keys) override {
+    ++batches;
+    return inner_.getAll(keys);
+  }
+  int gets = 0;
+  int batches = 0;
+
+ private:
+  Store& inner_;
+};
+
+} // namespace
+
+SMDDP_TEST(store_all_gather_asks_for_the_peers_keys_at_once) {
+  // A group's set-up gathers through the store several times: one request
+  // for all peers' keys keeps that at two round trips per rank on a
+  // TCPStore, where a request per peer costs each rank 2N.
+  std::string dir = ::smddp::test::tempDir();
+  ::smddp::test::runRanks(4, [&](int rank) {
+    ::smddp::test::DirStore files(dir);
+    CountingStore store(files);
+    if (rank == 3) {
+      std::this_thread::sleep_for(std::chrono::milliseconds(100)); // the others wait for it
+    }
+    auto all = storeAllGather(store, "g", rank, 4, toBytes(str("rank ", rank)));
+    EXPECT_EQ(all.size(), size_t{4});
+    for (int r = 0; r < 4; ++r) {
+      EXPECT_EQ(toString(all[static_cast<size_t>(r)]), str("rank ", r));
+    }
+    EXPECT_EQ(store.batches, 1);
+    EXPECT_EQ(store.gets, 0);
+  });
+}
+
 SMDDP_TEST(rank_lists_for_messages) {
   EXPECT_EQ(topology::rankList({}), std::string("no rank"));
   EXPECT_EQ(topology::rankList({3}), std::string("rank 3"));

@@ -515,8 +515,14 @@ SocketMesh::SocketMesh(
   std::map<int, std::vector<Fd>> connected;
   std::exception_ptr connect_error;
   try {
+    std::vector<std::string> addr_keys;
     for (int p : higher) {
-      SockAddr peer_addr = SockAddr::parse(toString(store.get(str(key, "/addr/", p))));
+      addr_keys.push_back(str(key, "/addr/", p));
+    }
+    const std::vector<std::vector<uint8_t>> addrs = store.getAll(addr_keys);
+    for (size_t i = 0; i < higher.size(); ++i) {
+      const int p = higher[i];
+      SockAddr peer_addr = SockAddr::parse(toString(addrs[i]));
       for (int s = 0; s < streams; ++s) {
         try {
           Fd c = connectTo(peer_addr, deadline, &nic_.address);
