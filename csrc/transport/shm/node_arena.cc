@@ -141,11 +141,14 @@ NodeArena::NodeArena(
   const size_t total = totalBytes(local_size_, slot_bytes_);
   if (local_rank_ == 0) {
     sweepStaleSegments();
+    // The node's other ranks wait for the segment's name: on a failure they
+    // get the reason instead, and fail now rather than at the group's timeout.
+    auto tellPeers = [&](const std::string& why) {
+      store.set(key, toBytes(str(kCreateFailed, why)));
+    };
     try {
       segment_ = SharedSegment::create(total);
-    } catch (const Error& e) {
-      // The node's other ranks wait for the segment's name: they get the
-      // reason instead, and fail now rather than at the group's timeout.
+    } catch (const ShmSpaceError& e) {
       std::string why = str(
           "the shared memory of this group's ", local_size_, " ranks on the node (",
           local_size_, " x 2 slots of ", slot_bytes_, " bytes, and a header) does not fit: ", e.what(),
@@ -154,8 +157,11 @@ NodeArena::NodeArena(
       if (options_.slot_setting != nullptr) {
         why += str(", or lower ", options_.slot_setting, " (every group on a node takes 2 slots per local rank)");
       }
-      store.set(key, toBytes(str(kCreateFailed, why)));
+      tellPeers(why);
       SMDDP_THROW(kComm, why);
+    } catch (const Error& e) {
+      tellPeers(e.what());
+      throw;
     }
     header_ = static_cast<ArenaHeader*>(segment_->data());
     new (header_) ArenaHeader();

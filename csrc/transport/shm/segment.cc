@@ -69,17 +69,10 @@ void reservePages(int fd, size_t bytes, const std::string& name) {
                mebibytes(static_cast<unsigned long long>(vfs.f_bavail) * vfs.f_frsize), " free of ",
                mebibytes(static_cast<unsigned long long>(vfs.f_blocks) * vfs.f_frsize));
   }
-  SMDDP_THROW(
-      kComm,
-      "cannot reserve ",
-      mebibytes(bytes),
-      " (",
-      bytes,
-      " bytes) of shared memory for segment ",
-      name,
-      ": ",
-      errnoString(err),
-      room);
+  throw ShmSpaceError(
+      ErrorKind::kComm,
+      str("cannot reserve ", mebibytes(bytes), " (", bytes, " bytes) of shared memory for segment ", name, ": ",
+          errnoString(err), room));
 }
 
 int sweepOne(const std::string& entry) {
@@ -107,6 +100,8 @@ int sweepOne(const std::string& entry) {
 }
 
 } // namespace
+
+ShmSpaceError::~ShmSpaceError() = default;
 
 std::string randomToken() {
   unsigned char buf[16];

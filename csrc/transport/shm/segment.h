@@ -13,7 +13,16 @@
 #include <memory>
 #include <string>
 
+#include "common/error.h"
+
 namespace smddp::transport {
+
+// /dev/shm has no room for a new segment.
+class ShmSpaceError : public Error {
+ public:
+  using Error::Error;
+  ~ShmSpaceError() override; // out of line: one vtable, as Error's
+};
 
 class SharedSegment {
  public:
