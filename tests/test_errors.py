@@ -403,6 +403,43 @@ def test_config_must_agree(failure_pool, var: str, values: list[str]) -> None:
         assert res["after_world"] is None, f"rank {rank}: the default group broke: {res['after_world']}"
 
 
+def case_one_rank_bad_setting(var: str, value: str, bad: int) -> dict:
+    """new_group where one rank alone has an invalid setting."""
+    _setup()
+    old = os.environ.get(var)
+    if dist.get_rank() == bad:
+        os.environ[var] = value
+    try:
+        created = _outcome(lambda: dist.new_group(backend="smddp", timeout=datetime.timedelta(seconds=20)))
+    finally:
+        if old is None:
+            os.environ.pop(var, None)
+        else:
+            os.environ[var] = old
+    return {"created": created, "after_world": _check_allreduce()}
+
+
+@pytest.mark.timeout(90, func_only=True)
+@pytest.mark.parametrize(
+    "var, value",
+    [("SMDDP_CHUNK_BYTES", "lots"), ("SMDDP_SOCKET_IFNAME", "nosuchnic0")],
+    ids=["bad-value", "no-such-nic"],
+)
+def test_one_rank_s_bad_setting_fails_every_rank_at_once(failure_pool, var: str, value: str) -> None:
+    """A setting that is wrong on one rank only (a host whose NIC has another
+    name): every rank's new_group fails at once, naming that rank and the
+    variable, rather than waiting for it until the group's timeout."""
+    results = failure_pool.run(case_one_rank_bad_setting, var, value, 2, timeout=60)
+    for rank, res in enumerate(results):
+        c = res["created"]
+        assert c["error"] == "ValueError", f"rank {rank}: {c}"
+        assert var in c["message"] and value in c["message"], f"rank {rank}: {c['message'][:400]}"
+        if rank != 2:
+            assert "rank 2" in c["message"], f"rank {rank}: {c['message'][:400]}"
+        assert c["seconds"] < PROMPT_S, f"rank {rank}: creation took {c['seconds']:.1f} s to fail"
+        assert res["after_world"] is None, f"rank {rank}: the default group broke: {res['after_world']}"
+
+
 @pytest.mark.timeout(60, func_only=True)
 def test_local_knobs_may_differ(failure_pool) -> None:
     """SMDDP_SPIN_US is not an 'agree' knob: ranks may set it differently."""

@@ -55,11 +55,6 @@ ProcessGroupSMDDP::ProcessGroupSMDDP(
       group_name_(std::move(group_name)),
       global_ranks_(std::move(global_ranks)),
       timeout_ms_(timeout.count()) {
-  try {
-    config_ = Config::fromEnv();
-  } catch (const Error& e) {
-    TORCH_CHECK_VALUE(false, "ProcessGroupSMDDP (rank ", rank, "): ", e.what());
-  }
   options_ = c10::make_intrusive<::c10d::Backend::Options>("smddp", timeout);
   options_->group_name = group_name_;
   for (int64_t g : global_ranks_) {
@@ -78,6 +73,21 @@ ProcessGroupSMDDP::ProcessGroupSMDDP(
     TORCH_CHECK_WITH(DistBackendError, false, failed_here, "set-up failed: the store: ", e.what());
   }
   C10dStoreAdapter st(store_, timeout);
+  // What each rank reads on its own (its settings, its NIC) may be wrong on
+  // one rank only (a host whose NIC has another name). Such a rank still
+  // takes part in the exchange that follows, with its error in place of
+  // its part, so that every rank fails at once naming it, rather than
+  // waiting for it until the group's timeout.
+  try {
+    config_ = Config::fromEnv();
+  } catch (const Error& e) {
+    try {
+      Config::failAgreement(st, "smddp/config", rank, e.what());
+    } catch (const std::exception&) {
+      // The store failing too: this rank's own error is the one to raise.
+    }
+    TORCH_CHECK_VALUE(false, "ProcessGroupSMDDP (rank ", rank, "): ", e.what());
+  }
   try {
     config_.checkAgreement(st, "smddp/config", rank, size);
     const int global_rank =
@@ -90,7 +100,23 @@ ProcessGroupSMDDP::ProcessGroupSMDDP(
     algorithm::NetOptions net;
     net.store_host = storeHost(store);
     const topology::LauncherPlace place = topology::launcherPlace(*topology_);
-    nic_ = transport::chooseNic(config_.socket_ifname, place.index, place.count, net.store_host);
+    std::string nic_failure;
+    try {
+      nic_ = transport::chooseNic(config_.socket_ifname, place.index, place.count, net.store_host);
+    } catch (const Error& e) {
+      if (e.kind() != ErrorKind::kConfig) {
+        throw;
+      }
+      nic_failure = e.what();
+    }
+    const std::string failed_nic = storeBarrier(
+        st, "smddp/nic-chosen", size, nic_failure.empty() ? "" : str("rank ", rank, " cannot create the group: ", nic_failure));
+    if (!nic_failure.empty()) {
+      SMDDP_THROW(kConfig, nic_failure);
+    }
+    if (!failed_nic.empty()) {
+      SMDDP_THROW(kConfig, failed_nic);
+    }
     net.nic = nic_;
     communicator_ = algorithm::createCommunicator(st, *topology_, config_, net, timeout);
   } catch (const Error& e) {

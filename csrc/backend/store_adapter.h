@@ -32,7 +32,7 @@ class C10dStoreAdapter : public Store {
           "' within ",
           timeout_.count(),
           " ms (did every rank create the group?): ",
-          e.what());
+          reason(e));
     }
     return store_->get(key);
   }
@@ -64,7 +64,7 @@ class C10dStoreAdapter : public Store {
           " within ",
           timeout_.count(),
           " ms (did every rank create the group?): ",
-          e.what());
+          reason(e));
     }
     // TCPStore answers all of them in one round trip; other stores ask for
     // each.
@@ -76,6 +76,14 @@ class C10dStoreAdapter : public Store {
   }
 
  private:
+  // A store's error without the C++ backtrace torch appends to it.
+  static std::string reason(const std::exception& e) {
+    if (const auto* c10 = dynamic_cast<const c10::Error*>(&e)) {
+      return c10->what_without_backtrace();
+    }
+    return e.what();
+  }
+
   c10::intrusive_ptr<::c10d::Store> store_;
   std::chrono::milliseconds timeout_;
 };

@@ -253,6 +253,10 @@ struct Config {
   // their agreed settings must be equal. Throws Error(kConfig) on every
   // rank, naming the two ranks and the knobs that differ.
   void checkAgreement(Store& store, const std::string& key, int rank, int size) const;
+  // The same exchange for a rank that could not read its settings: it
+  // publishes `failure` (the error) in their place, so that every rank
+  // throws Error(kConfig) at once, naming it, instead of waiting for it.
+  static void failAgreement(Store& store, const std::string& key, int rank, const std::string& failure);
 };
 
 struct KnobInfo {

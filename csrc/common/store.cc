@@ -4,18 +4,22 @@
 
 namespace smddp {
 
+std::string storeAllGatherKey(const std::string& prefix, int rank) {
+  return str(prefix, "/", rank);
+}
+
 std::vector<std::vector<uint8_t>> storeAllGather(
     Store& store,
     const std::string& prefix,
     int rank,
     int size,
     const std::vector<uint8_t>& mine) {
-  store.set(str(prefix, "/", rank), mine);
+  store.set(storeAllGatherKey(prefix, rank), mine);
   std::vector<std::string> keys;
   keys.reserve(static_cast<size_t>(size));
   for (int r = 0; r < size; ++r) {
     if (r != rank) {
-      keys.push_back(str(prefix, "/", r));
+      keys.push_back(storeAllGatherKey(prefix, r));
     }
   }
   std::vector<std::vector<uint8_t>> theirs = store.getAll(keys);

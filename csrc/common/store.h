@@ -33,8 +33,9 @@ class Store {
   }
 };
 
-// Each rank publishes `mine` under prefix/<rank> and receives everybody's,
-// indexed by rank.
+// Each rank publishes `mine` under storeAllGatherKey(prefix, rank) and
+// receives everybody's, indexed by rank.
+std::string storeAllGatherKey(const std::string& prefix, int rank);
 std::vector<std::vector<uint8_t>> storeAllGather(
     Store& store,
     const std::string& prefix,
