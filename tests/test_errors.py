@@ -372,18 +372,18 @@ def test_disagreement_in_subgroup(failure_pool) -> None:
     _check_disagreement("size", results)
 
 
-def case_config_disagreement(var: str, values: list[str]) -> dict:
-    """new_group with SMDDP_* settings that differ between ranks."""
+def case_config_disagreement(var: str, values: list[str | None]) -> dict:
+    """new_group with SMDDP_* settings that differ between ranks (None: unset)."""
     _setup()
-    rank = dist.get_rank()
-    old = os.environ.get(var)
-    os.environ[var] = values[rank % len(values)]
+    old = os.environ.pop(var, None)
+    value = values[dist.get_rank() % len(values)]
+    if value is not None:
+        os.environ[var] = value
     try:
-        created = _outcome(lambda: dist.new_group(backend="smddp"))
+        created = _outcome(lambda: dist.new_group(backend="smddp", timeout=datetime.timedelta(seconds=20)))
     finally:
-        if old is None:
-            del os.environ[var]
-        else:
+        os.environ.pop(var, None)
+        if old is not None:
             os.environ[var] = old
     return {"created": created, "after_world": _check_allreduce()}
 
@@ -403,22 +403,6 @@ def test_config_must_agree(failure_pool, var: str, values: list[str]) -> None:
         assert res["after_world"] is None, f"rank {rank}: the default group broke: {res['after_world']}"
 
 
-def case_one_rank_bad_setting(var: str, value: str, bad: int) -> dict:
-    """new_group where one rank alone has an invalid setting."""
-    _setup()
-    old = os.environ.get(var)
-    if dist.get_rank() == bad:
-        os.environ[var] = value
-    try:
-        created = _outcome(lambda: dist.new_group(backend="smddp", timeout=datetime.timedelta(seconds=20)))
-    finally:
-        if old is None:
-            os.environ.pop(var, None)
-        else:
-            os.environ[var] = old
-    return {"created": created, "after_world": _check_allreduce()}
-
-
 @pytest.mark.timeout(90, func_only=True)
 @pytest.mark.parametrize(
     "var, value",
@@ -429,7 +413,7 @@ def test_one_rank_s_bad_setting_fails_every_rank_at_once(failure_pool, var: str,
     """A setting that is wrong on one rank only (a host whose NIC has another
     name): every rank's new_group fails at once, naming that rank and the
     variable, rather than waiting for it until the group's timeout."""
-    results = failure_pool.run(case_one_rank_bad_setting, var, value, 2, timeout=60)
+    results = failure_pool.run(case_config_disagreement, var, [None, None, value], timeout=60)
     for rank, res in enumerate(results):
         c = res["created"]
         assert c["error"] == "ValueError", f"rank {rank}: {c}"
