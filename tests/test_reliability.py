@@ -241,6 +241,55 @@ def test_a_dev_shm_too_small_is_an_error_on_every_rank():
     assert out["small_slots"] == [[6.0, 6.0]] * 4
 
 
+_ONE_RANK = r"""
+import datetime, sys, time
+import torch.distributed as dist
+import smddp  # noqa: F401
+
+rank, init = int(sys.argv[1]), sys.argv[2]
+start = time.monotonic()
+try:
+    dist.init_process_group("smddp", init_method=init, rank=rank, world_size=4, timeout=datetime.timedelta(seconds=60))
+    print("RESULT", rank, "created", flush=True)
+except Exception as e:
+    print("RESULT", rank, f"{time.monotonic() - start:.1f}", type(e).__name__, str(e).replace("\n", " "), flush=True)
+"""
+
+
+@pytest.mark.timeout(180)
+def test_a_host_whose_dev_shm_is_too_small_fails_the_other_hosts_at_once(tmp_path):
+    """Ranks 2 and 3 on a host (a mount namespace) whose /dev/shm cannot
+    hold their group's slots: ranks 0 and 1, on another, fail too, at once,
+    naming a rank of that host and why, not at the group's timeout."""
+    if not _can_mount_a_tmpfs():
+        pytest.skip("needs a mount namespace (root) to give two ranks a small /dev/shm")
+    init = f"file://{tmp_path / 'init'}"
+    small = ('mount -t tmpfs -o size=2m,mode=1777 smddp-small /dev/shm && '
+             '"$0" -c "$1" 2 "$2" & "$0" -c "$1" 3 "$2" & wait')
+    procs = [subprocess.Popen([sys.executable, "-c", _ONE_RANK, str(r), init], stdout=subprocess.PIPE,
+                              stderr=subprocess.PIPE, text=True) for r in (0, 1)]
+    procs.append(subprocess.Popen(["unshare", "--mount", "sh", "-c", small, sys.executable, _ONE_RANK, init],
+                                  stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True))
+    outs = []
+    try:
+        for p in procs:
+            out, err = p.communicate(timeout=150)
+            outs.append(out + err)
+    finally:
+        for p in procs:
+            if p.poll() is None:
+                p.kill()
+                p.wait()
+    results = {int(l.split()[1]): l.split(None, 4)[2:] for o in outs for l in o.splitlines() if l.startswith("RESULT ")}
+    assert sorted(results) == [0, 1, 2, 3], "\n".join(outs)[-4000:]
+    for rank, (seconds, kind, message) in sorted(results.items()):
+        assert kind == "DistBackendError", f"rank {rank}: {kind} {message[:500]}"
+        assert float(seconds) < 30, f"rank {rank} failed after {seconds} s: {message[:500]}"
+        assert "/dev/shm" in message and "does not fit" in message, f"rank {rank}: {message[:500]}"
+        if rank in (0, 1):
+            assert "rank 2 could not set up the group" in message or "rank 3 could not" in message, message[:500]
+
+
 def case_threads_after_destroy():
     def threads() -> int:
         return len(os.listdir("/proc/self/task"))

@@ -76,6 +76,10 @@ std::unique_ptr<transport::NodeArena> makeArena(
       store, str("smddp/arena/", topo.myNode()), topo.myLocalRank(), topo.nodeRanks(topo.myNode()), o);
 }
 
+// Published in place of a rank's part of a set-up exchange when it failed
+// before it (a part is otherwise one byte).
+constexpr const char* kSetupFailed = "!";
+
 } // namespace
 
 std::unique_ptr<Communicator> createCommunicator(
@@ -91,10 +95,6 @@ std::unique_ptr<Communicator> createCommunicator(
     return std::make_unique<RingCommunicator>(
         store, topology, config, transport::createNetwork(config, n), nullptr, "SMDDP_SHM=0");
   }
-  auto arena = makeArena(store, topology, config, timeout);
-  if (!multi_node) {
-    return std::make_unique<NodeCommunicator>(topology, config, std::move(arena));
-  }
   std::string why;
   if (config.algo == Algo::kRing) {
     why = "SMDDP_ALGO=ring";
@@ -102,11 +102,33 @@ std::unique_ptr<Communicator> createCommunicator(
     why = str("the topology is not uniform (", topology.describe(), ")");
   }
   // Every rank must choose the same schedule: hierarchical needs single-copy
-  // transfers on every node.
-  if (why.empty()) {
+  // transfers on every node, which the ranks learn from each other below.
+  const bool ask_nodes = multi_node && why.empty();
+  const std::string kHierOk = "smddp/hier-ok";
+  std::unique_ptr<transport::NodeArena> arena;
+  try {
+    arena = makeArena(store, topology, config, timeout);
+  } catch (const Error& e) {
+    // The other nodes wait for this rank's answer below: they get its
+    // failure instead (a full /dev/shm on one host), not the timeout.
+    if (ask_nodes) {
+      store.set(storeAllGatherKey(kHierOk, topology.rank()), toBytes(str(kSetupFailed, e.what())));
+    }
+    throw;
+  }
+  if (!multi_node) {
+    return std::make_unique<NodeCommunicator>(topology, config, std::move(arena));
+  }
+  if (ask_nodes) {
     auto all = storeAllGather(
-        store, "smddp/hier-ok", topology.rank(), topology.size(),
+        store, kHierOk, topology.rank(), topology.size(),
         {static_cast<uint8_t>(arena->singleCopyAvailable() ? 1 : 0)});
+    for (int r = 0; r < topology.size(); ++r) {
+      const auto& a = all[static_cast<size_t>(r)];
+      if (a.size() > 1 && a[0] == static_cast<uint8_t>(kSetupFailed[0])) {
+        SMDDP_THROW(kComm, "rank ", r, " could not set up the group: ", toString(a).substr(1));
+      }
+    }
     for (int r = 0; r < topology.size() && why.empty(); ++r) {
       if (all[static_cast<size_t>(r)].empty() || all[static_cast<size_t>(r)][0] != 1) {
         why = str("single-copy transfers are unavailable on the node of rank ", r,
