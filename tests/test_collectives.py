@@ -19,6 +19,7 @@ is caught.
 
 from __future__ import annotations
 
+import datetime
 import hashlib
 import pickle
 import threading
@@ -1275,3 +1276,60 @@ def case_float16_average_of_large_values() -> list[str]:
 )
 def test_float16_average_does_not_overflow(pools, env) -> None:
     assert_no_failures(pools(4, **env).run(case_float16_average_of_large_values))
+
+
+# ---------------------------------------------------------------- what the fallback serves
+
+
+def case_every_delegated_collective() -> list[str]:
+    """Each collective smddp leaves to its fallback, with its result checked;
+    the point-to-point ones between two ranks only (pipeline parallelism)."""
+    torch.set_num_threads(1)
+    rank, world = dist.get_rank(), dist.get_world_size()
+    wrong: list[str] = []
+
+    def check(what: str, got: Any, want: Any) -> None:
+        if got != want:
+            wrong.append(f"{what}: got {got}, expected {want}")
+
+    # Point to point between ranks 0 and 1 alone, then a ring of isend/irecv.
+    if rank == 0:
+        dist.send(torch.tensor([7.0, 8.0]), dst=1)
+    elif rank == 1:
+        t = torch.empty(2)
+        dist.recv(t, src=0)
+        check("send/recv", t.tolist(), [7.0, 8.0])
+    got = torch.empty(3)
+    ops = [dist.P2POp(dist.isend, torch.full((3,), float(rank)), (rank + 1) % world),
+           dist.P2POp(dist.irecv, got, (rank - 1) % world)]
+    for w in dist.batch_isend_irecv(ops):
+        w.wait()
+    check("batch_isend_irecv", got.tolist(), [float((rank - 1) % world)] * 3)
+    # Rooted collectives.
+    mine = torch.tensor([float(rank), 1.0])
+    gathered = [torch.empty(2) for _ in range(world)] if rank == 0 else None
+    dist.gather(mine, gathered, dst=0)
+    if rank == 0:
+        check("gather", [g.tolist() for g in gathered], [[float(r), 1.0] for r in range(world)])
+    part = torch.empty(2)
+    dist.scatter(part, [torch.full((2,), 10.0 + r) for r in range(world)] if rank == world - 1 else None, src=world - 1)
+    check("scatter", part.tolist(), [10.0 + rank] * 2)
+    red = torch.tensor([float(rank + 1)])
+    dist.reduce(red, dst=1)
+    if rank == 1:
+        check("reduce", red.tolist(), [world * (world + 1) / 2])
+    # All to all, list form.
+    outs = [torch.empty(1) for _ in range(world)]
+    dist.all_to_all(outs, [torch.tensor([100.0 * rank + r]) for r in range(world)])
+    check("all_to_all", [o.item() for o in outs], [100.0 * r + rank for r in range(world)])
+    dist.monitored_barrier(timeout=datetime.timedelta(seconds=30))
+    objs: list[Any] = [None] * world
+    dist.all_gather_object(objs, {"rank": rank, "name": "r" * (rank + 1)})
+    check("all_gather_object", objs, [{"rank": r, "name": "r" * (r + 1)} for r in range(world)])
+    return wrong
+
+
+@pytest.mark.timeout(150, func_only=True)
+@pytest.mark.parametrize("world, env", [(3, {}), (4, {"SMDDP_RANKS_PER_NODE": "2"})], ids=["1x3", "2x2"])
+def test_every_delegated_collective(pools, world: int, env: dict) -> None:
+    assert_no_failures(pools(world, **env).run(case_every_delegated_collective, timeout=100))
