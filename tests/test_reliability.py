@@ -257,19 +257,23 @@ except Exception as e:
 
 
 @pytest.mark.timeout(180)
-def test_a_host_whose_dev_shm_is_too_small_fails_the_other_hosts_at_once(tmp_path):
+@pytest.mark.parametrize("algo", ["auto", "ring"])
+def test_a_host_whose_dev_shm_is_too_small_fails_the_other_hosts_at_once(tmp_path, algo):
     """Ranks 2 and 3 on a host (a mount namespace) whose /dev/shm cannot
     hold their group's slots: ranks 0 and 1, on another, fail too, at once,
-    naming a rank of that host and why, not at the group's timeout."""
+    naming a rank of that host and why, not at the group's timeout; on the
+    hierarchical schedule and on the flat ring."""
     if not _can_mount_a_tmpfs():
         pytest.skip("needs a mount namespace (root) to give two ranks a small /dev/shm")
+    env = {k: v for k, v in os.environ.items() if not k.startswith("SMDDP_")}
+    env["SMDDP_ALGO"] = algo
     init = f"file://{tmp_path / 'init'}"
     small = ('mount -t tmpfs -o size=2m,mode=1777 smddp-small /dev/shm && '
              '"$0" -c "$1" 2 "$2" & "$0" -c "$1" 3 "$2" & wait')
     procs = [subprocess.Popen([sys.executable, "-c", _ONE_RANK, str(r), init], stdout=subprocess.PIPE,
-                              stderr=subprocess.PIPE, text=True) for r in (0, 1)]
+                              stderr=subprocess.PIPE, text=True, env=env) for r in (0, 1)]
     procs.append(subprocess.Popen(["unshare", "--mount", "sh", "-c", small, sys.executable, _ONE_RANK, init],
-                                  stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True))
+                                  stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env))
     outs = []
     try:
         for p in procs:

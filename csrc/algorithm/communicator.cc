@@ -105,19 +105,30 @@ std::unique_ptr<Communicator> createCommunicator(
   // transfers on every node, which the ranks learn from each other below.
   const bool ask_nodes = multi_node && why.empty();
   const std::string kHierOk = "smddp/hier-ok";
+  const std::string kArenasMade = "smddp/arenas-made";
   std::unique_ptr<transport::NodeArena> arena;
   try {
     arena = makeArena(store, topology, config, timeout);
   } catch (const Error& e) {
-    // The other nodes wait for this rank's answer below: they get its
-    // failure instead (a full /dev/shm on one host), not the timeout.
+    // The other nodes wait for this rank below (for its answer, or at the
+    // barrier before the flat ring's sockets): they get its failure
+    // instead (a full /dev/shm on one host), not the timeout.
     if (ask_nodes) {
       store.set(storeAllGatherKey(kHierOk, topology.rank()), toBytes(str(kSetupFailed, e.what())));
+    } else if (multi_node) {
+      storeBarrier(store, kArenasMade, topology.size(),
+                   str("rank ", topology.rank(), " could not set up the group: ", e.what()));
     }
     throw;
   }
   if (!multi_node) {
     return std::make_unique<NodeCommunicator>(topology, config, std::move(arena));
+  }
+  if (!ask_nodes) {
+    const std::string failed = storeBarrier(store, kArenasMade, topology.size());
+    if (!failed.empty()) {
+      SMDDP_THROW(kComm, failed);
+    }
   }
   if (ask_nodes) {
     auto all = storeAllGather(
