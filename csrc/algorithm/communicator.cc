@@ -113,11 +113,15 @@ std::unique_ptr<Communicator> createCommunicator(
     // The other nodes wait for this rank below (for its answer, or at the
     // barrier before the flat ring's sockets): they get its failure
     // instead (a full /dev/shm on one host), not the timeout.
-    if (ask_nodes) {
-      store.set(storeAllGatherKey(kHierOk, topology.rank()), toBytes(str(kSetupFailed, e.what())));
-    } else if (multi_node) {
-      storeBarrier(store, kArenasMade, topology.size(),
-                   str("rank ", topology.rank(), " could not set up the group: ", e.what()));
+    try {
+      if (ask_nodes) {
+        store.set(storeAllGatherKey(kHierOk, topology.rank()), toBytes(str(kSetupFailed, e.what())));
+      } else if (multi_node) {
+        storeBarrier(store, kArenasMade, topology.size(),
+                     str("rank ", topology.rank(), " could not set up the group: ", e.what()));
+      }
+    } catch (const std::exception&) {
+      // Telling them failed too: this rank's own error is the one to raise.
     }
     throw;
   }
@@ -129,8 +133,7 @@ std::unique_ptr<Communicator> createCommunicator(
     if (!failed.empty()) {
       SMDDP_THROW(kComm, failed);
     }
-  }
-  if (ask_nodes) {
+  } else {
     auto all = storeAllGather(
         store, kHierOk, topology.rank(), topology.size(),
         {static_cast<uint8_t>(arena->singleCopyAvailable() ? 1 : 0)});

@@ -144,7 +144,11 @@ NodeArena::NodeArena(
     // The node's other ranks wait for the segment's name: on a failure they
     // get the reason instead, and fail now rather than at the group's timeout.
     auto tellPeers = [&](const std::string& why) {
-      store.set(key, toBytes(str(kCreateFailed, why)));
+      try {
+        store.set(key, toBytes(str(kCreateFailed, why)));
+      } catch (const std::exception&) {
+        // The store failing too: this rank's own error is the one to raise.
+      }
     };
     try {
       segment_ = SharedSegment::create(total);
