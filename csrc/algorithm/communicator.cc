@@ -76,10 +76,6 @@ std::unique_ptr<transport::NodeArena> makeArena(
       store, str("smddp/arena/", topo.myNode()), topo.myLocalRank(), topo.nodeRanks(topo.myNode()), o);
 }
 
-// Published in place of a rank's part of a set-up exchange when it failed
-// before it (a part is otherwise one byte).
-constexpr const char* kSetupFailed = "!";
-
 } // namespace
 
 std::unique_ptr<Communicator> createCommunicator(
@@ -115,7 +111,7 @@ std::unique_ptr<Communicator> createCommunicator(
     // instead (a full /dev/shm on one host), not the timeout.
     try {
       if (ask_nodes) {
-        store.set(storeAllGatherKey(kHierOk, topology.rank()), toBytes(str(kSetupFailed, e.what())));
+        storeAllGatherFailed(store, kHierOk, topology.rank(), e.what());
       } else if (multi_node) {
         storeBarrier(store, kArenasMade, topology.size(),
                      str("rank ", topology.rank(), " could not set up the group: ", e.what()));
@@ -137,12 +133,6 @@ std::unique_ptr<Communicator> createCommunicator(
     auto all = storeAllGather(
         store, kHierOk, topology.rank(), topology.size(),
         {static_cast<uint8_t>(arena->singleCopyAvailable() ? 1 : 0)});
-    for (int r = 0; r < topology.size(); ++r) {
-      const auto& a = all[static_cast<size_t>(r)];
-      if (a.size() > 1 && a[0] == static_cast<uint8_t>(kSetupFailed[0])) {
-        SMDDP_THROW(kComm, "rank ", r, " could not set up the group: ", toString(a).substr(1));
-      }
-    }
     for (int r = 0; r < topology.size() && why.empty(); ++r) {
       if (all[static_cast<size_t>(r)].empty() || all[static_cast<size_t>(r)][0] != 1) {
         why = str("single-copy transfers are unavailable on the node of rank ", r,

@@ -110,7 +110,7 @@ ProcessGroupSMDDP::ProcessGroupSMDDP(
       nic_failure = e.what();
     }
     const std::string failed_nic = storeBarrier(
-        st, "smddp/nic-chosen", size, nic_failure.empty() ? "" : str("rank ", rank, " cannot create the group: ", nic_failure));
+        st, "smddp/nic-chosen", size, nic_failure.empty() ? "" : str("rank ", rank, " could not set up the group: ", nic_failure));
     if (!nic_failure.empty()) {
       SMDDP_THROW(kConfig, nic_failure);
     }

@@ -423,31 +423,13 @@ std::vector<KnobInfo> describeKnobs() {
   return out;
 }
 
-namespace {
-
-// Published in place of a rank's settings when it could not read them
-// (agreement strings start with a knob's name).
-constexpr char kUnreadable = '!';
-
-void throwIfAPeerFailed(const std::vector<std::vector<uint8_t>>& settings, int rank) {
-  for (size_t r = 0; r < settings.size(); ++r) {
-    const std::string s = toString(settings[r]);
-    if (static_cast<int>(r) != rank && !s.empty() && s[0] == kUnreadable) {
-      SMDDP_THROW(kConfig, "rank ", r, " cannot create the group: ", s.substr(1));
-    }
-  }
-}
-
-} // namespace
-
 void Config::failAgreement(Store& store, const std::string& key, int rank, const std::string& failure) {
   // Only published: the failed rank raises its own error without waiting.
-  store.set(storeAllGatherKey(key, rank), toBytes(str(kUnreadable, failure)));
+  storeAllGatherFailed(store, key, rank, failure);
 }
 
 void Config::checkAgreement(Store& store, const std::string& key, int rank, int size) const {
-  auto settings = storeAllGather(store, key, rank, size, toBytes(agreementString()));
-  throwIfAPeerFailed(settings, rank);
+  auto settings = storeAllGather(store, key, rank, size, toBytes(agreementString()), ErrorKind::kConfig);
   for (int r = 0; r < size; ++r) {
     const std::string diff = describeDifference(toString(settings[0]), toString(settings[static_cast<size_t>(r)]));
     if (!diff.empty()) {

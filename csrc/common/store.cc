@@ -4,8 +4,23 @@
 
 namespace smddp {
 
-std::string storeAllGatherKey(const std::string& prefix, int rank) {
+namespace {
+
+// Every published part starts with one of these, so that any payload can
+// travel and a failure is never mistaken for one.
+constexpr uint8_t kPart = 0;
+constexpr uint8_t kFailed = 1;
+
+std::string partKey(const std::string& prefix, int rank) {
   return str(prefix, "/", rank);
+}
+
+} // namespace
+
+void storeAllGatherFailed(Store& store, const std::string& prefix, int rank, const std::string& failure) {
+  std::vector<uint8_t> part{kFailed};
+  part.insert(part.end(), failure.begin(), failure.end());
+  store.set(partKey(prefix, rank), part);
 }
 
 std::vector<std::vector<uint8_t>> storeAllGather(
@@ -13,20 +28,32 @@ std::vector<std::vector<uint8_t>> storeAllGather(
     const std::string& prefix,
     int rank,
     int size,
-    const std::vector<uint8_t>& mine) {
-  store.set(storeAllGatherKey(prefix, rank), mine);
+    const std::vector<uint8_t>& mine,
+    ErrorKind peer_failed) {
+  std::vector<uint8_t> part{kPart};
+  part.insert(part.end(), mine.begin(), mine.end());
+  store.set(partKey(prefix, rank), part);
   std::vector<std::string> keys;
   keys.reserve(static_cast<size_t>(size));
   for (int r = 0; r < size; ++r) {
     if (r != rank) {
-      keys.push_back(storeAllGatherKey(prefix, r));
+      keys.push_back(partKey(prefix, r));
     }
   }
   std::vector<std::vector<uint8_t>> theirs = store.getAll(keys);
   SMDDP_ASSERT(theirs.size() == keys.size(), "the store returned ", theirs.size(), " values for ", keys.size(), " keys");
   std::vector<std::vector<uint8_t>> all(static_cast<size_t>(size));
   for (int r = 0, i = 0; r < size; ++r) {
-    all[static_cast<size_t>(r)] = r == rank ? mine : std::move(theirs[static_cast<size_t>(i++)]);
+    if (r == rank) {
+      all[static_cast<size_t>(r)] = mine;
+      continue;
+    }
+    std::vector<uint8_t>& got = theirs[static_cast<size_t>(i++)];
+    SMDDP_ASSERT(!got.empty(), "rank ", r, "'s part of ", prefix, " is empty");
+    if (got[0] == kFailed) {
+      throw Error(peer_failed, str("rank ", r, " could not set up the group: ", std::string(got.begin() + 1, got.end())));
+    }
+    all[static_cast<size_t>(r)].assign(got.begin() + 1, got.end());
   }
   return all;
 }

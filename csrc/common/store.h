@@ -11,6 +11,8 @@
 #include <string>
 #include <vector>
 
+#include "common/error.h"
+
 namespace smddp {
 
 class Store {
@@ -33,15 +35,19 @@ class Store {
   }
 };
 
-// Each rank publishes `mine` under storeAllGatherKey(prefix, rank) and
-// receives everybody's, indexed by rank.
-std::string storeAllGatherKey(const std::string& prefix, int rank);
+// Each rank publishes `mine` under prefix/<rank> and receives everybody's,
+// indexed by rank. A rank that failed before the exchange publishes its
+// error instead (storeAllGatherFailed) and raises its own; the others then
+// throw Error(`peer_failed`) at once, naming it, instead of waiting for its
+// part until the store's timeout.
 std::vector<std::vector<uint8_t>> storeAllGather(
     Store& store,
     const std::string& prefix,
     int rank,
     int size,
-    const std::vector<uint8_t>& mine);
+    const std::vector<uint8_t>& mine,
+    ErrorKind peer_failed = ErrorKind::kComm);
+void storeAllGatherFailed(Store& store, const std::string& prefix, int rank, const std::string& failure);
 
 // All `size` ranks arrive before any returns. The key may be used again
 // (a group re-created on the same store): each `size` arrivals are a round
