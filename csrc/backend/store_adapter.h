@@ -22,19 +22,7 @@ class C10dStoreAdapter : public Store {
   }
 
   std::vector<uint8_t> get(const std::string& key) override {
-    try {
-      store_->wait({key}, timeout_);
-    } catch (const std::exception& e) {
-      SMDDP_THROW(
-          kTimeout,
-          "the store did not provide '",
-          key,
-          "' within ",
-          timeout_.count(),
-          " ms (did every rank create the group?): ",
-          reason(e));
-    }
-    return store_->get(key);
+    return std::move(getAll({key})[0]);
   }
 
   std::vector<std::vector<uint8_t>> getAll(const std::vector<std::string>& keys) override {
