@@ -16,15 +16,6 @@ const char* fromEnv(const std::function<const char*(const char*)>& getenv, const
   return getenv ? getenv(name) : std::getenv(name);
 }
 
-std::string memoryDomainOf(const std::vector<uint8_t>& place) {
-  std::istringstream in(toString(place));
-  int rank = 0;
-  int cpus = 0;
-  std::string domain;
-  in >> rank >> cpus >> domain;
-  return domain;
-}
-
 } // namespace
 
 Placement discoverPlacement(
@@ -41,6 +32,7 @@ Placement discoverPlacement(
       store, key, rank, size, toBytes(str(global_rank, " ", usableCpus(), " ", domain, " ", host)));
   Placement p;
   int apart = -1; // a rank of this machine that cannot share this rank's memory
+  std::string apart_domain;
   int first_here = -1; // the machine's lowest rank, which says so
   for (size_t r = 0; r < places.size(); ++r) {
     std::istringstream place(toString(places[r]));
@@ -60,6 +52,7 @@ Placement discoverPlacement(
       p.host_cpus = p.host_cpus == 0 ? peer_cpus : std::min(p.host_cpus, peer_cpus);
       if (peer_domain != domain && apart < 0) {
         apart = static_cast<int>(r);
+        apart_domain = peer_domain;
       }
     }
   }
@@ -67,7 +60,7 @@ Placement discoverPlacement(
   static std::atomic<bool> said{false};
   if (apart >= 0 && rank == first_here && !said.exchange(true)) {
     SMDDP_LOG(kWarn, "rank ", rank, " and rank ", apart, " run on one machine but cannot share memory (",
-              domain, " here, ", memoryDomainOf(places[static_cast<size_t>(apart)]),
+              domain, " here, ", apart_domain,
               " there: another /dev/shm or pid namespace, as in containers without the host's IPC and pid "
               "namespaces), so they are on different nodes and talk over TCP; run them in one container, or "
               "with --ipc=host --pid=host, to let them use shared memory");

@@ -54,23 +54,6 @@ size_t totalBytes(int local_size, size_t slot_bytes) {
 
 } // namespace
 
-int parentPid(int pid) {
-  std::ifstream f(str("/proc/", pid, "/stat"));
-  std::string line;
-  if (!f || !std::getline(f, line)) {
-    return 0;
-  }
-  // The command name (field 2) may hold spaces and parentheses: the state
-  // and the parent follow the last ')'.
-  const size_t close = line.rfind(')');
-  if (close == std::string::npos) {
-    return 0;
-  }
-  char state = 0;
-  int ppid = 0;
-  return std::sscanf(line.c_str() + close + 1, " %c %d", &state, &ppid) == 2 ? ppid : 0;
-}
-
 int nearestCommonAncestor(const std::vector<int>& pids) {
   if (pids.empty()) {
     return 0;
@@ -336,6 +319,7 @@ void NodeArena::probeSingleCopy(const Deadline& deadline) {
       }
     }
     int err = errno;
+    const int scope = yamaPtraceScope();
     SMDDP_LOG(
         kInfo,
         "single-copy transfers between ranks of this node are unavailable (rank ",
@@ -346,7 +330,7 @@ void NodeArena::probeSingleCopy(const Deadline& deadline) {
         group_ranks_[l],
         ": ",
         n < 0 ? errnoString(err) : std::string("wrong data"),
-        yamaPtraceScope() > 0 ? str("; kernel.yama.ptrace_scope is ", yamaPtraceScope()) : std::string(),
+        scope > 0 ? str("; kernel.yama.ptrace_scope is ", scope) : std::string(),
         "); staging through shared memory");
     ok = false;
   }

@@ -87,9 +87,6 @@ struct ArenaHeader {
   char abort_msg[1024];
 };
 
-// The parent of process `pid` (/proc/<pid>/stat), or 0 if it is gone.
-int parentPid(int pid);
-
 // The nearest process that every one of `pids` is, or descends from (a
 // process counts as its own ancestor); 0 if there is none.
 int nearestCommonAncestor(const std::vector<int>& pids);

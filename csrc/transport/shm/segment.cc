@@ -125,20 +125,28 @@ std::string randomToken() {
   return out;
 }
 
-unsigned long long processStartTime(int pid) {
+namespace {
+
+// /proc/<pid>/stat from field 3 on ("" if the process is gone): the command
+// name (field 2) may contain spaces and parentheses, so it ends at the last ')'.
+std::string statFieldsFromState(int pid) {
   std::ifstream f(str("/proc/", pid, "/stat"));
-  if (!f) {
-    return 0;
-  }
   std::string line;
-  std::getline(f, line);
-  // The command name (field 2) may contain spaces and parentheses: parse
-  // from the last ')'.
-  size_t close = line.rfind(')');
-  if (close == std::string::npos) {
+  if (!f || !std::getline(f, line)) {
+    return "";
+  }
+  const size_t close = line.rfind(')');
+  return close == std::string::npos || close + 2 > line.size() ? "" : line.substr(close + 2);
+}
+
+} // namespace
+
+unsigned long long processStartTime(int pid) {
+  const std::string fields = statFieldsFromState(pid);
+  const char* p = fields.c_str();
+  if (*p == '\0') {
     return 0;
   }
-  const char* p = line.c_str() + close + 2;
   // Fields from 3 on; start time is field 22, i.e. the 20th after ')'.
   for (int field = 3; field < 22 && *p; ++field) {
     p = std::strchr(p, ' ');
@@ -148,6 +156,12 @@ unsigned long long processStartTime(int pid) {
     ++p;
   }
   return std::strtoull(p, nullptr, 10);
+}
+
+int parentPid(int pid) {
+  char state = 0;
+  int ppid = 0;
+  return std::sscanf(statFieldsFromState(pid).c_str(), "%c %d", &state, &ppid) == 2 ? ppid : 0;
 }
 
 SharedSegment::SharedSegment(std::string name, void* data, size_t size, bool owner)

@@ -66,6 +66,9 @@ int sweepStaleSegments();
 // 22), or 0 if it does not exist. With the pid it names a process uniquely.
 unsigned long long processStartTime(int pid);
 
+// The parent of process `pid`, or 0 if it is gone.
+int parentPid(int pid);
+
 // 16 random bytes, hex-encoded (getrandom).
 std::string randomToken();
 
