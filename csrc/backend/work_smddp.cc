@@ -207,6 +207,10 @@ void WorkSMDDP::runBody(uint64_t first) {
     span_end_();
   }
   // Drop the closures (and the tensors they hold) before waking anyone.
+  dropClosures();
+}
+
+void WorkSMDDP::dropClosures() {
   body_ = nullptr;
   span_begin_ = nullptr;
   span_end_ = nullptr;
@@ -218,9 +222,7 @@ void WorkSMDDP::fail(std::exception_ptr error) {
 }
 
 void WorkSMDDP::abandon(std::exception_ptr error) {
-  body_ = nullptr;
-  span_begin_ = nullptr;
-  span_end_ = nullptr;
+  dropClosures();
   error_ = error;
   finishUp();
 }

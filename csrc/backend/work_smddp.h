@@ -106,6 +106,8 @@ class WorkSMDDP : public ::c10d::Work {
   // Blocks until the host part has completed; returns holding mutex_.
   std::unique_lock<std::mutex> waitHost();
   void markFuture(const c10::intrusive_ptr<c10::ivalue::Future>& future);
+  // Releases the body and the profiler span's closures (and what they hold).
+  void dropClosures();
 
   const uint64_t nseq_;
   std::atomic<uint64_t> seq_{kNotStarted};
