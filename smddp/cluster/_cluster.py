@@ -189,7 +189,7 @@ class Cluster:
 
     ``Cluster(hosts=2, nics=2, rate="1gbit").up()`` makes it;
     ``Cluster.load()`` finds the one ``up`` made (by name) from its state;
-    ``run``, ``exec``, ``set_nic`` and ``down`` use it.
+    ``run``, ``exec``, ``set_nic``, ``set_path`` and ``down`` use it.
     """
 
     def __init__(
@@ -553,6 +553,18 @@ class Cluster:
         if up:
             # The kernel drops a down NIC's routes; its source route returns.
             self._route(ns, nic, self.address(host, nic))
+
+    def set_path(self, host: int, peer: int, nic: int, open: bool) -> None:
+        """Makes ``host`` silently discard what it sends to NIC ``nic`` of
+        ``peer`` (a firewall that drops that path: connections to it go
+        unanswered), or send it again."""
+        ns, dest = self.netns(host), f"{self.address(peer, nic)}/32"
+        # Every table the host routes by: its NICs' source tables and main.
+        for table in [str(_TABLE_BASE + k) for k in range(self.nics)] + ["main"]:
+            if open:
+                _sh(["ip", "-n", ns, "route", "del", "blackhole", dest, "table", table], check=False)
+            else:
+                _sh(["ip", "-n", ns, "route", "replace", "blackhole", dest, "table", table])
 
     def nic_counters(self, host: int) -> dict[str, dict[str, int]]:
         """Bytes and packets each NIC of ``host`` sent and received, from

@@ -5,6 +5,7 @@
     smddp-cluster run --nproc-per-node 4 -- smddp-bench --op all_gather
     smddp-cluster exec 1 -- ip -s link
     smddp-cluster nic 0 1 down
+    smddp-cluster path 1 0 1 drop
     smddp-cluster down
 """
 
@@ -76,6 +77,13 @@ def _parser() -> argparse.ArgumentParser:
     nic.add_argument("nic", type=int)
     nic.add_argument("state", choices=("up", "down"))
 
+    path = sub.add_parser("path", help="make a host drop what it sends to a NIC of another (a firewall that drops "
+                                       "that path) or send it again: smddp-cluster path HOST PEER NIC drop|open")
+    path.add_argument("host", type=int)
+    path.add_argument("peer", type=int)
+    path.add_argument("nic", type=int)
+    path.add_argument("state", choices=("drop", "open"))
+
     sub.add_parser("status", help="the cluster that is up: hosts, NICs, addresses")
     sub.add_parser("down", help="remove everything the cluster made")
     sub.add_parser("check", help="say whether a cluster can be made here, and what is missing")
@@ -116,6 +124,9 @@ def main(argv: list[str] | None = None) -> int:
             return 0
         if args.command == "nic":
             c.set_nic(args.host, args.nic, args.state == "up")
+            return 0
+        if args.command == "path":
+            c.set_path(args.host, args.peer, args.nic, open=args.state == "open")
             return 0
         if args.command == "exec":
             cmd = _strip_dashes(args.argv) or ["sh"]
