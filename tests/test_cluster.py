@@ -15,6 +15,9 @@ each rank wrote. Cases:
 - a NIC taken down during a loop of AllReduce, and a host whose processes
   are all killed: every rank (every survivor) raises DistBackendError within
   the group's timeout plus 5 s, naming the peer and the NIC;
+- a path between two hosts that drops what is sent on it when a group is
+  created: every rank raises DistBackendError well within the group's
+  timeout, naming the rank, the path, and what to check;
 - FSDP2 and HSDP (examples/train_fsdp.py) train with gloo's losses (slow);
 - ``smddp-bench --cluster`` brings up a shaped cluster of its own, names its
   hosts, NICs, rate and each rank's NIC, puts the links' limit beside each
@@ -46,6 +49,9 @@ NAME = "smddpt"
 # The group's timeout of the failure cases: every rank must raise within it
 # plus 5 s of the failure.
 FAIL_TIMEOUT_S = 10
+# The timeout of a group whose set-up meets a broken path: its connections'
+# patience is half of it.
+SETUP_TIMEOUT_S = 20
 RAIL_BYTES = 8 << 20
 # Sizes of the cases: 0, 1, odd and prime; the large one spans several
 # chunks of every schedule.
@@ -151,6 +157,24 @@ def _failing_loop(out_dir: str, rank: int) -> dict[str, Any]:
     return {"raised": None, "iterations": n}
 
 
+def _failing_set_up(out_dir: str, rank: int) -> dict[str, Any]:
+    """Creates a group of SETUP_TIMEOUT_S once the test says go (it has
+    broken a path between the hosts meanwhile); what that raised, and when."""
+    import torch.distributed as dist
+
+    open(os.path.join(out_dir, f"ready{rank}"), "w").close()
+    go = os.path.join(out_dir, "go")
+    deadline = time.monotonic() + 120
+    while not os.path.exists(go) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    try:
+        dist.new_group(backend="smddp", timeout=datetime.timedelta(seconds=SETUP_TIMEOUT_S))
+    except Exception as e:  # noqa: BLE001 - what it raised is the result
+        return {"raised": type(e).__name__, "is_dist": isinstance(e, dist.DistBackendError),
+                "message": str(e)[:6000], "time": time.time()}  # fmt: skip
+    return {"raised": None}
+
+
 def rank_main(mode: str, out_dir: str) -> None:  # pragma: no cover - runs in the cluster
     sys.path.insert(0, HERE)
     import torch
@@ -175,13 +199,15 @@ def rank_main(mode: str, out_dir: str) -> None:  # pragma: no cover - runs in th
         result.update(_collectives(world))
         if world // local_size == 2:
             result.update(_rails(rank, world, local_rank, local_size))
+    elif mode == "setup":
+        result.update(_failing_set_up(out_dir, rank))
     else:
         result.update(_failing_loop(out_dir, rank))
     path = os.path.join(out_dir, f"rank{rank}.json")
     with open(path + ".tmp", "w") as f:
         json.dump(result, f)
     os.replace(path + ".tmp", path)
-    if mode == "fail":
+    if mode in ("fail", "setup"):
         os._exit(0)  # the group is broken: nothing to tear down
     dist.destroy_process_group()
 
@@ -294,8 +320,8 @@ def test_collectives_on_three_hosts(cluster, tmp_path_factory) -> None:
     _check_cases(ranks)
 
 
-def _start_failing(cluster: Cluster, out: str, hosts: int) -> ClusterRun:
-    run = cluster.start([__file__, "fail", out], hosts=hosts, env=_env())
+def _start_failing(cluster: Cluster, out: str, hosts: int, mode: str = "fail") -> ClusterRun:
+    run = cluster.start([__file__, mode, out], hosts=hosts, env=_env())
     deadline = time.monotonic() + 150
     while not all(os.path.exists(os.path.join(out, f"ready{r}")) for r in range(2 * hosts)):
         if run.done() or time.monotonic() > deadline:
@@ -352,6 +378,44 @@ def test_dead_host_fails_every_survivor(cluster, tmp_path) -> None:
         assert re.search(r"rank [23] \(other node, 198\.18\.\d\.2:\d+\)", g["message"]), (
             f"rank {r} does not name the dead host's rank: {g['message'][:1500]}"
         )
+
+
+@pytest.mark.timeout(240, func_only=True)
+def test_a_path_that_does_not_answer_fails_every_rank_at_set_up(cluster, tmp_path) -> None:
+    """A firewall that silently drops one rail's traffic between two hosts
+    (host 1 discards what it sends to host 0's second NIC): creating a group
+    fails on every rank within the connections' patience (half the group's
+    timeout) and a few seconds, naming the rank, the address, the NIC, that
+    nothing answered and what to check; neither at the group's timeout nor
+    after the kernel's SYN retries (minutes)."""
+    out = str(tmp_path)
+    run = _start_failing(cluster, out, 2, mode="setup")
+    # The command a user would type (smddp-cluster path 1 0 1 drop).
+    subprocess.run([sys.executable, "-m", "smddp.cluster", "--name", NAME, "path", "1", "0", "1", "drop"],
+                   check=True, env={**os.environ, **_env()})  # fmt: skip
+    try:
+        go = time.time()
+        open(os.path.join(out, "go"), "w").close()
+        deadline = time.monotonic() + SETUP_TIMEOUT_S + 20
+        while time.monotonic() < deadline and not all(os.path.exists(os.path.join(out, f"rank{r}.json")) for r in range(4)):
+            time.sleep(0.1)
+    finally:
+        cluster.set_path(1, 0, nic=1, open=True)
+        res = run.stop()
+    got = _read(out)
+    assert sorted(got) == [0, 1, 2, 3], f"ranks {sorted(got)} reported\n{res.text()[-6000:]}"
+    for r, g in sorted(got.items()):
+        assert g["raised"] == "DistBackendError", f"rank {r}: {g}"
+        took = g["time"] - go
+        assert took < SETUP_TIMEOUT_S - 4, f"rank {r} raised {took:.1f} s after go: {g['message'][:1500]}"
+        msg = g["message"]
+        # Rank 1 (host 0's second NIC) could not reach rank 3 (host 1's).
+        assert re.search(r"connecting to rank 3 at 198\.18\.1\.2:\d+ from nic1 \(198\.18\.1\.1\)", msg), (
+            f"rank {r} does not name the path: {msg[:1500]}"
+        )
+        assert "nothing answered" in msg and "firewall" in msg, f"rank {r}: {msg[:1500]}"
+        if r != 1:
+            assert "rank 1 could not" in msg, f"rank {r} does not name rank 1: {msg[:1500]}"
 
 
 TRAIN = os.path.join(ROOT, "examples", "train_fsdp.py")

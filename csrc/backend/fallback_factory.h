@@ -14,8 +14,6 @@
 #include <utility>
 #include <vector>
 
-#include "common/store.h"
-
 namespace smddp {
 
 using FallbackList =
@@ -38,22 +36,5 @@ FallbackList makeFallbacks(
     int size,
     std::chrono::milliseconds timeout,
     const std::string& mode);
-
-// Collective over the group: its fallbacks, made on `store`, returned only
-// once every member has connected its own. A member that destroyed the
-// group at once would close its sockets while a peer still completes the
-// connection, and gloo fails that peer's set-up as if this rank had
-// crashed. A rank whose fallback failed still arrives at the barrier (under
-// `barrier_key` of `sync`), so that every rank fails now, naming it, rather
-// than at the timeout: DistBackendError beginning with `who`.
-FallbackList connectFallbacks(
-    const c10::intrusive_ptr<::c10d::Store>& store,
-    Store& sync,
-    const std::string& barrier_key,
-    int rank,
-    int size,
-    std::chrono::milliseconds timeout,
-    const std::string& mode,
-    const std::string& who);
 
 } // namespace smddp

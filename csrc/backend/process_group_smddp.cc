@@ -73,6 +73,19 @@ ProcessGroupSMDDP::ProcessGroupSMDDP(
     TORCH_CHECK_WITH(DistBackendError, false, failed_here, "set-up failed: the store: ", e.what());
   }
   C10dStoreAdapter st(store_, timeout);
+  // The group exists once every rank has made its part: each arrives at
+  // this last barrier, a rank whose set-up failed anywhere with why (and at
+  // once), so that the others waiting there (their own part done) fail now
+  // naming it, not at the group's timeout. Where the others wait earlier,
+  // the step they wait in carries the failure (see below).
+  const std::string kCreated = "smddp/created";
+  auto tellOthers = [&](const std::string& why) {
+    try {
+      storeBarrierFailed(st, kCreated, size, str("rank ", rank, " could not set up the group: ", why));
+    } catch (const std::exception&) {
+      // The store failing too: this rank's own error is the one to raise.
+    }
+  };
   // What each rank reads on its own (its settings, its NIC) may be wrong on
   // one rank only (a host whose NIC has another name). Such a rank still
   // takes part in the exchange that follows, with its error in place of
@@ -86,6 +99,7 @@ ProcessGroupSMDDP::ProcessGroupSMDDP(
     } catch (const std::exception&) {
       // The store failing too: this rank's own error is the one to raise.
     }
+    tellOthers(e.what());
     TORCH_CHECK_VALUE(false, "ProcessGroupSMDDP (rank ", rank, "): ", e.what());
   }
   try {
@@ -120,19 +134,44 @@ ProcessGroupSMDDP::ProcessGroupSMDDP(
     net.nic = nic_;
     communicator_ = algorithm::createCommunicator(st, *topology_, config_, net, timeout);
   } catch (const Error& e) {
+    tellOthers(e.what());
     // A user's setting (differing between ranks, or naming no NIC of the
     // host) is a ValueError; anything else failed to communicate.
     TORCH_CHECK_VALUE(e.kind() != ErrorKind::kConfig, "ProcessGroupSMDDP (rank ", rank, "): ", e.what());
     TORCH_CHECK_WITH(DistBackendError, false, failed_here, "set-up failed: ", e.what());
+  } catch (const std::exception& e) {
+    tellOthers(e.what());
+    throw;
   }
   executor_ = std::make_shared<Executor>("smddp-exec");
+  // The fallbacks are made before the last barrier: a rank that destroyed
+  // the group at once would otherwise close its sockets while a peer still
+  // completes a connection (where gloo connects eagerly), and gloo fails
+  // that peer's set-up as if this rank had crashed.
+  std::exception_ptr fallback_error;
+  std::string failure;
   if (config_.fallback != "none") {
-    auto prefixed = c10::make_intrusive<::c10d::PrefixStore>("smddp-fallback", store_);
-    for (auto& [device, backend] : connectFallbacks(
-             prefixed, st, "smddp/fallbacks-connected", rank, size, timeout, config_.fallback, failed_here)) {
-      fallbacks_[static_cast<int>(device)] = backend;
+    try {
+      auto prefixed = c10::make_intrusive<::c10d::PrefixStore>("smddp-fallback", store_);
+      for (auto& [device, backend] : makeFallbacks(prefixed, rank, size, timeout, config_.fallback)) {
+        fallbacks_[static_cast<int>(device)] = backend;
+      }
+    } catch (const std::exception& e) {
+      fallback_error = std::current_exception();
+      failure = str("rank ", rank, " could not create the fallback group (SMDDP_FALLBACK=", config_.fallback, "): ",
+                    e.what(), ". Fix that rank's error, or set SMDDP_FALLBACK=none on every rank if only smddp's "
+                    "native collectives are needed.");
     }
   }
+  try {
+    failure = storeBarrier(st, kCreated, size, failure);
+  } catch (const std::exception& e) {
+    failure = str("the ranks did not all arrive: ", e.what());
+  }
+  if (fallback_error) {
+    std::rethrow_exception(fallback_error);
+  }
+  TORCH_CHECK_WITH(DistBackendError, failure.empty(), failed_here, "set-up failed: ", failure);
   SMDDP_LOG(kInfo, "group '", group_name_, "' rank ", rank, "/", size, ": ", describe());
   init();
 }

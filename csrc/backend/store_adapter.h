@@ -63,6 +63,10 @@ class C10dStoreAdapter : public Store {
     return store_->add(key, delta);
   }
 
+  bool check(const std::string& key) override {
+    return store_->check({key});
+  }
+
  private:
   // A store's error without the C++ backtrace torch appends to it.
   static std::string reason(const std::exception& e) {

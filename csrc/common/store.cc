@@ -58,21 +58,36 @@ std::vector<std::vector<uint8_t>> storeAllGather(
   return all;
 }
 
-std::string storeBarrier(Store& store, const std::string& key, int size, const std::string& failure) {
+namespace {
+
+// Counts this rank into the current round of the barrier (with its failure,
+// if any); the round's key prefix.
+std::string arrive(Store& store, const std::string& key, int size, const std::string& failure) {
   // A round cannot end without this rank, so the count before its arrival
   // names the round it belongs to.
   const int64_t round = store.add(key + "/arrived", 0) / size;
   const std::string at = key + "/" + std::to_string(round);
-  if (!failure.empty()) {
-    // Written before this rank arrives, so before the round is done.
-    store.add(at + "/failures", 1);
+  if (!failure.empty() && store.add(at + "/failures", 1) == 1) {
+    // The first failure is kept (the others are often its consequences),
+    // written before this rank arrives, so before the round is done.
     store.set(at + "/failure", toBytes(failure));
   }
   if (store.add(key + "/arrived", 1) == (round + 1) * size) {
     store.set(at + "/done", {1});
   }
+  return at;
+}
+
+} // namespace
+
+std::string storeBarrier(Store& store, const std::string& key, int size, const std::string& failure) {
+  const std::string at = arrive(store, key, size, failure);
   store.get(at + "/done");
   return store.add(at + "/failures", 0) > 0 ? toString(store.get(at + "/failure")) : std::string();
+}
+
+void storeBarrierFailed(Store& store, const std::string& key, int size, const std::string& failure) {
+  arrive(store, key, size, failure);
 }
 
 std::vector<uint8_t> toBytes(const std::string& s) {

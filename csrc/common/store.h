@@ -22,6 +22,9 @@ class Store {
   // Blocks until the key exists.
   virtual std::vector<uint8_t> get(const std::string& key) = 0;
   virtual int64_t add(const std::string& key, int64_t delta) = 0;
+  // Whether the key exists now, without waiting: for a long wait outside the
+  // store (sockets) to notice, now and then, a key that says to give up.
+  virtual bool check(const std::string& key) = 0;
   // Blocks until every key exists; their values, in order. A store that can
   // fetch many keys in one round trip does (an all-gather of N ranks then
   // costs each rank two round trips, not 2N).
@@ -52,8 +55,12 @@ void storeAllGatherFailed(Store& store, const std::string& prefix, int rank, con
 // All `size` ranks arrive before any returns. The key may be used again
 // (a group re-created on the same store): each `size` arrivals are a round
 // of their own. A rank that arrives with a `failure` makes the call return
-// it on every rank (one of them if several fail); "" when nobody failed.
+// it on every rank (the first if several fail); "" when nobody failed.
 std::string storeBarrier(Store& store, const std::string& key, int size, const std::string& failure = "");
+// Arrives at the barrier with `failure` and returns at once: a rank that
+// cannot go on raises its own error, and the others, waiting there, return
+// this one instead of waiting for it until the store's timeout.
+void storeBarrierFailed(Store& store, const std::string& key, int size, const std::string& failure);
 
 std::vector<uint8_t> toBytes(const std::string& s);
 std::string toString(const std::vector<uint8_t>& b);

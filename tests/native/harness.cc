@@ -91,6 +91,10 @@ std::vector<uint8_t> DirStore::get(const std::string& key) {
   }
 }
 
+bool DirStore::check(const std::string& key) {
+  return ::access(path(key).c_str(), F_OK) == 0;
+}
+
 int64_t DirStore::add(const std::string& key, int64_t delta) {
   std::string lock = dir_ + "/.lock";
   int fd = ::open(lock.c_str(), O_CREAT | O_RDWR, 0600);

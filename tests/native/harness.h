@@ -33,6 +33,7 @@ class DirStore : public Store {
   void set(const std::string& key, const std::vector<uint8_t>& value) override;
   std::vector<uint8_t> get(const std::string& key) override;
   int64_t add(const std::string& key, int64_t delta) override;
+  bool check(const std::string& key) override;
 
  private:
   std::string path(const std::string& key) const;

@@ -376,3 +376,129 @@ SMDDP_TEST(stall_time_follows_the_groups_timeout) {
   EXPECT_EQ(SocketMesh::stallTimeout(milliseconds(500)).count(), int64_t{1000});
   EXPECT_EQ(SocketMesh::stallTimeout(milliseconds(1800000)).count(), int64_t{1000} * (kKeepIdleS + kKeepIntervalS * kKeepCount));
 }
+
+namespace {
+
+// An address on loopback where nothing listens (a listener's, closed).
+SockAddr closedPort() {
+  SockAddr addr = SockAddr::parse("127.0.0.1:0");
+  Fd gone = listenOn(&addr);
+  return addr;
+}
+
+double secondsSince(Clock::time_point t) {
+  return std::chrono::duration<double>(Clock::now() - t).count();
+}
+
+} // namespace
+
+SMDDP_TEST(a_refused_connection_fails_after_the_patience_not_the_deadline) {
+  // A peer listens before it publishes its address: a refusal that lasts is
+  // the path's (a firewall, a wrong address), and is named as such.
+  const SockAddr addr = closedPort();
+  int calls = 0;
+  const auto start = Clock::now();
+  EXPECT_THROWS(connectTo(addr, Deadline::after(std::chrono::seconds(20)), nullptr, std::chrono::milliseconds(400),
+                          [&] { ++calls; }),
+                kComm, "Connection refused");
+  EXPECT_TRUE(secondsSince(start) >= 0.4 && secondsSince(start) < 5);
+  EXPECT_TRUE(calls >= 3);  // between the retries
+  // Without patience the deadline bounds it, as a timeout.
+  EXPECT_THROWS(connectTo(addr, Deadline::after(std::chrono::milliseconds(300))), kTimeout, "in time");
+  // What runs between the tries can give up at once.
+  EXPECT_THROWS(connectTo(addr, Deadline::after(std::chrono::seconds(20)), nullptr, std::chrono::seconds(10),
+                          [] { SMDDP_THROW(kAborted, "told to stop"); }),
+                kAborted, "told to stop");
+}
+
+SMDDP_TEST(an_unanswered_connection_fails_after_the_patience) {
+  // A listener whose queue is full drops new SYNs: nothing answers, as
+  // behind a firewall that drops them. Blocking connect() would wait for
+  // the kernel's SYN retries (minutes); the patience bounds it.
+  SockAddr addr = SockAddr::parse("127.0.0.1:0");
+  Fd full(::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0));
+  EXPECT_EQ(::bind(full.get(), reinterpret_cast<const sockaddr*>(&addr.storage), addr.len), 0);
+  EXPECT_EQ(::listen(full.get(), 0), 0);
+  addr.len = sizeof(addr.storage);
+  EXPECT_EQ(::getsockname(full.get(), reinterpret_cast<sockaddr*>(&addr.storage), &addr.len), 0);
+  Fd first = connectTo(addr, Deadline::after(std::chrono::seconds(5)));  // fills the queue
+  int calls = 0;
+  const auto start = Clock::now();
+  EXPECT_THROWS(connectTo(addr, Deadline::after(std::chrono::seconds(60)), nullptr, std::chrono::milliseconds(700),
+                          [&] { ++calls; }),
+                kComm, "nothing answered");
+  EXPECT_TRUE(secondsSince(start) >= 0.7 && secondsSince(start) < 5);
+  EXPECT_TRUE(calls >= 3);  // while the attempt waits
+}
+
+namespace {
+
+// A store that hands rank 0 a wrong address for rank 1 (a closed port): a
+// path that refuses, as a firewall or a NIC the hosts do not share would.
+class WrongAddressStore : public Store {
+ public:
+  WrongAddressStore(Store& inner, std::string wrong) : inner_(inner), wrong_(std::move(wrong)) {}
+  void set(const std::string& key, const std::vector<uint8_t>& value) override {
+    inner_.set(key, value);
+  }
+  std::vector<uint8_t> get(const std::string& key) override {
+    return key == "mesh/addr/1" ? toBytes(wrong_) : inner_.get(key);
+  }
+  std::vector<std::vector<uint8_t>> getAll(const std::vector<std::string>& keys) override {
+    std::vector<std::vector<uint8_t>> out;
+    for (const auto& k : keys) {
+      out.push_back(get(k));
+    }
+    return out;
+  }
+  int64_t add(const std::string& key, int64_t delta) override {
+    return inner_.add(key, delta);
+  }
+  bool check(const std::string& key) override {
+    return inner_.check(key);
+  }
+
+ private:
+  Store& inner_;
+  std::string wrong_;
+};
+
+} // namespace
+
+SMDDP_TEST(a_rank_that_cannot_connect_fails_every_rank_of_its_mesh_at_once) {
+  // Rank 0 cannot reach rank 1; rank 1 waits for rank 0's connections, and
+  // rank 2 for rank 0's and rank 1's: every rank fails within seconds of
+  // rank 0's patience, naming rank 0 and the path, not at the 30 s timeout.
+  std::string dir = ::smddp::test::tempDir();
+  const std::string wrong = closedPort().str();
+  ::smddp::test::runRanks(3, [&](int rank) {
+    ::smddp::test::DirStore files(dir);
+    WrongAddressStore lying(files, wrong);
+    Store& store = rank == 0 ? static_cast<Store&>(lying) : files;
+    SocketMesh::Options o;
+    o.peer_hint = "127.0.0.1";
+    o.streams = 2;
+    o.timeout = std::chrono::seconds(30);
+    o.connect_patience = std::chrono::milliseconds(500);
+    std::vector<int> peers;
+    for (int p = 0; p < 3; ++p) {
+      if (p != rank) {
+        peers.push_back(p);
+      }
+    }
+    const auto start = Clock::now();
+    std::string what;
+    try {
+      SocketMesh mesh(store, "mesh", rank, peers, o);
+    } catch (const Error& e) {
+      EXPECT_TRUE(e.kind() == ErrorKind::kComm);
+      what = e.what();
+    }
+    EXPECT_TRUE(secondsSince(start) < 8);
+    EXPECT_TRUE(what.find(rank == 0 ? str("connecting to rank 1 at ", wrong) : std::string("rank 0 could not connect")) !=
+                std::string::npos);
+    // The cause reaches the others whole: the path, why, and what to do.
+    EXPECT_TRUE(what.find("Connection refused") != std::string::npos);
+    EXPECT_TRUE(what.find("SMDDP_SOCKET_IFNAME") != std::string::npos);
+  }, std::chrono::seconds(60));
+}

@@ -1,6 +1,6 @@
 // rank -> (node, local rank), node-local groups and rails for the emulated
 // shapes, and non-uniform topologies; the store barrier the group set-up
-// ends with.
+// ends with, and a failed rank's arrival at it.
 #include <chrono>
 #include <thread>
 
@@ -80,6 +80,19 @@ SMDDP_TEST(store_barrier_rounds_and_failures) {
     }
     EXPECT_EQ(storeBarrier(store, "b", 3), std::string());
     EXPECT_TRUE(std::chrono::steady_clock::now() - start >= std::chrono::milliseconds(250));
+    // Round 4: rank 0 fails first and leaves at once, without waiting for
+    // the others; rank 2, failing later (as a consequence), does not
+    // replace the first failure.
+    if (rank == 0) {
+      storeBarrierFailed(store, "b", 3, "rank 0: its NIC");
+      store.set("first-failed", {1});
+      return;
+    }
+    store.get("first-failed");
+    if (rank == 2) {
+      std::this_thread::sleep_for(std::chrono::milliseconds(100));
+    }
+    EXPECT_EQ(storeBarrier(store, "b", 3, rank == 2 ? "rank 2: because of rank 0" : ""), std::string("rank 0: its NIC"));
   });
 }
 
@@ -98,6 +111,9 @@ class CountingStore : public Store {
   }
   int64_t add(const std::string& key, int64_t delta) override {
     return inner_.add(key, delta);
+  }
+  bool check(const std::string& key) override {
+    return inner_.check(key);
   }
   std::vector<std::vector<uint8_t>> getAll(const std::vector<std::string>& keys) override {
     ++batches;

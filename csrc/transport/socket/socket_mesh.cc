@@ -9,9 +9,11 @@
 #include <algorithm>
 #include <atomic>
 #include <cerrno>
+#include <condition_variable>
 #include <cstdint>
 #include <cstring>
 #include <exception>
+#include <map>
 #include <mutex>
 #include <set>
 #include <thread>
@@ -19,6 +21,7 @@
 #include "common/clock.h"
 #include "common/error.h"
 #include "common/log.h"
+#include "topology/topology.h"
 
 namespace smddp::transport {
 
@@ -430,6 +433,31 @@ std::chrono::milliseconds SocketMesh::stallTimeout(std::chrono::milliseconds tim
   return std::clamp(timeout / 2, std::chrono::milliseconds(1000), longest);
 }
 
+std::chrono::milliseconds SocketMesh::connectPatience(std::chrono::milliseconds timeout) {
+  return std::clamp(timeout / 2, std::chrono::milliseconds(1000), std::chrono::milliseconds(30000));
+}
+
+namespace {
+
+// In place of an address: the rank could not listen, and why.
+constexpr char kNoAddress = '!';
+// How often a rank waiting for its connections asks the store whether
+// another rank's set-up failed: seldom enough that a thousand waiting ranks
+// do not load it, often enough to fail long before the group's timeout.
+constexpr auto kFailureCheckInterval = std::chrono::seconds(1);
+
+std::string missingRanks(const std::map<int, std::vector<Fd>>& slots) {
+  std::vector<int> missing;
+  for (const auto& [p, fds] : slots) {
+    if (std::any_of(fds.begin(), fds.end(), [](const Fd& f) { return f.get() < 0; })) {
+      missing.push_back(p);
+    }
+  }
+  return topology::rankList(missing);
+}
+
+} // namespace
+
 SocketMesh::SocketMesh(
     Store& store,
     const std::string& key,
@@ -439,21 +467,59 @@ SocketMesh::SocketMesh(
     : nic_(options.nic.empty() ? chooseNic("", 0, 1, options.peer_hint) : options.nic) {
   const Deadline deadline = Deadline::after(options.timeout);
   const int streams = std::max(1, options.streams);
+  const std::string failed_key = key + "/failed";
+  // A rank whose part fails tells the others through the store (the first
+  // failure is kept), and each one waiting for a connection looks there now
+  // and then: so that all fail at once naming it, not at the group's timeout.
+  bool told = false;
+  auto publishFailure = [&](const std::string& why) {
+    if (told) {
+      return;
+    }
+    try {
+      if (store.add(key + "/failures", 1) == 1) {
+        store.set(failed_key, toBytes(str("rank ", rank, " could not connect to its peers on other nodes: ", why)));
+      }
+    } catch (const std::exception&) {
+      // The store failing too: this rank's own error is the one to raise.
+    }
+  };
+  Clock::time_point last_check{};
+  auto checkFailure = [&] {
+    if (Clock::now() - last_check < kFailureCheckInterval) {
+      return;
+    }
+    last_check = Clock::now();
+    if (store.check(failed_key)) {
+      told = true;
+      SMDDP_THROW(kComm, toString(store.get(failed_key)));
+    }
+  };
+
+  SipKey secret;
+  if (rank == 0) {
+    // Before anything that can fail: every rank of the mesh waits for it.
+    randomBytes(&secret, sizeof(secret));
+    std::vector<uint8_t> bytes(sizeof(secret));
+    std::memcpy(bytes.data(), &secret, sizeof(secret));
+    store.set(key + "/secret", bytes);
+  }
   SockAddr addr = nic_.address;
-  Fd listener = listenOn(&addr);
+  Fd listener;
+  try {
+    listener = listenOn(&addr);
+  } catch (const Error& e) {
+    // The lower peers wait for this rank's address: they get why instead.
+    store.set(str(key, "/addr/", rank), toBytes(str(kNoAddress, e.what())));
+    publishFailure(e.what());
+    throw;
+  }
   listen_address_ = addr.str();
   store.set(str(key, "/addr/", rank), toBytes(listen_address_));
   if (!peers.empty()) {
     SMDDP_LOG(kInfo, "rank ", rank, ": ", key, " sockets on ", nic_.str(), ", listening on ", listen_address_);
   }
-
-  SipKey secret;
-  if (rank == 0) {
-    randomBytes(&secret, sizeof(secret));
-    std::vector<uint8_t> bytes(sizeof(secret));
-    std::memcpy(bytes.data(), &secret, sizeof(secret));
-    store.set(key + "/secret", bytes);
-  } else {
+  if (rank != 0) {
     std::vector<uint8_t> bytes = store.get(key + "/secret");
     SMDDP_ASSERT(bytes.size() == sizeof(secret), "bad secret size");
     std::memcpy(&secret, bytes.data(), sizeof(secret));
@@ -471,9 +537,14 @@ SocketMesh::SocketMesh(
   std::sort(higher.begin(), higher.end());
 
   // Accept the lower ranks' connections on a thread while connecting to the
-  // higher ones, so no pair waits for the other's order.
+  // higher ones, so no pair waits for the other's order. The acceptor stops
+  // when told to (this rank failed, or learned that another did).
   std::map<int, std::vector<Fd>> accepted;
   std::exception_ptr accept_error;
+  std::atomic<bool> stop{false};
+  std::mutex done_mu;
+  std::condition_variable done_cv;
+  bool accept_done = false;
   std::thread acceptor([&] {
     try {
       size_t want = lower.size() * static_cast<size_t>(streams);
@@ -482,11 +553,16 @@ SocketMesh::SocketMesh(
       for (int p : lower) {
         slots[p].resize(static_cast<size_t>(streams));
       }
-      while (got < want) {
+      while (got < want && !stop.load()) {
         if (deadline.expired()) {
-          SMDDP_THROW(kTimeout, "only ", got, " of ", want, " expected connections from other nodes arrived");
+          SMDDP_THROW(kTimeout, "only ", got, " of ", want, " expected connections from other nodes arrived (missing: ",
+                      missingRanks(slots), ")");
         }
-        Fd c = acceptOne(listener.get(), deadline);
+        Deadline slice = Deadline::after(std::chrono::milliseconds(100));
+        if (slice.at() > deadline.at()) {
+          slice = deadline;
+        }
+        Fd c = acceptOne(listener.get(), slice);
         if (c.get() < 0) {
           continue;
         }
@@ -510,6 +586,9 @@ SocketMesh::SocketMesh(
     } catch (...) {
       accept_error = std::current_exception();
     }
+    std::lock_guard<std::mutex> lock(done_mu);
+    accept_done = true;
+    done_cv.notify_all();
   });
 
   std::map<int, std::vector<Fd>> connected;
@@ -520,28 +599,66 @@ SocketMesh::SocketMesh(
       addr_keys.push_back(str(key, "/addr/", p));
     }
     const std::vector<std::vector<uint8_t>> addrs = store.getAll(addr_keys);
+    const std::chrono::milliseconds patience =
+        options.connect_patience.count() > 0 ? options.connect_patience : connectPatience(options.timeout);
     for (size_t i = 0; i < higher.size(); ++i) {
       const int p = higher[i];
-      SockAddr peer_addr = SockAddr::parse(toString(addrs[i]));
-      for (int s = 0; s < streams; ++s) {
-        try {
-          Fd c = connectTo(peer_addr, deadline, &nic_.address);
-          handshakeConnect(c.get(), secret, rank, p, s, streams, deadline);
-          connected[p].push_back(std::move(c));
-        } catch (const Error& e) {
-          throw Error(e.kind(), str("connecting to rank ", p, " at ", peer_addr.str(), " from ", nic_.str(), ": ", e.what()));
-        }
+      const std::string published = toString(addrs[i]);
+      if (!published.empty() && published[0] == kNoAddress) {
+        told = true;
+        SMDDP_THROW(kComm, "rank ", p, " could not listen for its connections: ", published.substr(1));
       }
+      SockAddr peer_addr = SockAddr::parse(published);
+      const std::string to = str("connecting to rank ", p, " at ", peer_addr.str(), " from ", nic_.str(), ": ");
+      for (int s = 0; s < streams; ++s) {
+        Fd c;
+        try {
+          c = connectTo(peer_addr, deadline, &nic_.address, patience, checkFailure);
+        } catch (const Error& e) {
+          if (told) {
+            throw;
+          }
+          if (e.kind() != ErrorKind::kComm) {
+            throw Error(e.kind(), to + e.what());
+          }
+          // Rank p listened there before it published the address: what
+          // refuses or ignores the connection is between the hosts.
+          SMDDP_THROW(kComm, to, e.what(), ". Rank ", p, " listens there, so the path or the address does not "
+                      "work between the two hosts: a firewall or security group that does not admit TCP between "
+                      "them (smddp listens on ephemeral ports), or a NIC through which they do not reach each other "
+                      "(SMDDP_SOCKET_IFNAME chooses one)");
+        }
+        try {
+          handshakeConnect(c.get(), secret, rank, p, s, streams, deadline);
+        } catch (const Error& e) {
+          throw Error(e.kind(), to + e.what());
+        }
+        connected[p].push_back(std::move(c));
+      }
+    }
+    // The lower peers' connections, watching for a failure elsewhere.
+    std::unique_lock<std::mutex> lock(done_mu);
+    while (!accept_done) {
+      done_cv.wait_for(lock, std::chrono::milliseconds(100));
+      lock.unlock();
+      checkFailure();
+      lock.lock();
     }
   } catch (...) {
     connect_error = std::current_exception();
   }
+  stop.store(true);
   acceptor.join();
-  if (connect_error) {
-    std::rethrow_exception(connect_error);
-  }
-  if (accept_error) {
-    std::rethrow_exception(accept_error);
+  for (std::exception_ptr error : {connect_error, accept_error}) {
+    if (!error) {
+      continue;
+    }
+    try {
+      std::rethrow_exception(error);
+    } catch (const Error& e) {
+      publishFailure(e.what());
+      throw;
+    }
   }
   // Both ends bound their receive buffers before any data moves (the
   // handshakes are done), so the window a peer sees is the bounded one.

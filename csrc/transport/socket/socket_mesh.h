@@ -13,7 +13,10 @@
 // MACs over fresh nonces) before anything else is read from it; a
 // connection that fails to (a stranger, junk, a wrong key) is dropped and
 // the listener keeps waiting for the real peers. The listener closes once
-// all peers are connected.
+// all peers are connected. A rank whose set-up fails (a connection refused
+// or unanswered for connectPatience(), a peer's address it cannot use)
+// publishes why under `key`/failed; the mesh's other ranks look there while
+// they wait for connections, so every one fails at once naming it.
 //
 // Data: SocketChannel, one per peer, carries messages (frame.h) striped
 // over the streams by message: message i of a direction uses stream
@@ -152,7 +155,17 @@ class SocketMesh : public Mesh {
     // Bounds the set-up; the group's timeout, from which the channels'
     // stall time follows (stallTimeout()).
     std::chrono::milliseconds timeout{30000};
+    // How long a connection to a peer may be refused or go unanswered;
+    // 0: connectPatience(timeout).
+    std::chrono::milliseconds connect_patience{0};
   };
+
+  // How long a connection to a peer may be refused or go unanswered before
+  // the set-up fails naming that path: half the group's timeout, at least
+  // 1 s and at most 30 s. A peer listens before it publishes its address, so
+  // what lasts that long is the path or the address, not a late peer; 30 s
+  // leaves room for the retransmissions of several lost SYNs.
+  static std::chrono::milliseconds connectPatience(std::chrono::milliseconds timeout);
 
   // How long sent data may stay unacknowledged through retransmissions
   // before a channel gives its peer up: half the group's timeout (so that

@@ -9,6 +9,7 @@
 #include <cerrno>
 #include <cstdint>
 #include <fstream>
+#include <iomanip>
 #include <thread>
 
 #include "common/error.h"
@@ -43,7 +44,7 @@ Fd listenOn(SockAddr* addr) {
   SMDDP_SYSCHECK(
       ::bind(s.get(), reinterpret_cast<const sockaddr*>(&addr->storage), addr->len),
       "bind(", addr->str(), ")");
-  SMDDP_SYSCHECK(::listen(s.get(), 128), "listen()");
+  SMDDP_SYSCHECK(::listen(s.get(), SOMAXCONN), "listen()");
   addr->len = sizeof(addr->storage);
   SMDDP_SYSCHECK(
       ::getsockname(s.get(), reinterpret_cast<sockaddr*>(&addr->storage), &addr->len),
@@ -51,11 +52,55 @@ Fd listenOn(SockAddr* addr) {
   return s;
 }
 
-Fd connectTo(const SockAddr& addr, const Deadline& deadline, const SockAddr* from) {
+namespace {
+
+// What a later attempt may cure: the peer's kernel refusing or a route
+// missing for a moment, an interrupted call.
+bool retryable(int err) {
+  return err == ECONNREFUSED || err == ETIMEDOUT || err == EINTR || err == ECONNRESET || err == EHOSTUNREACH ||
+      err == ENETUNREACH;
+}
+
+// Waits for a non-blocking connect to finish: 0 once connected, its errno
+// if it failed, ETIMEDOUT if nothing answered before `give_up`.
+int awaitConnected(int fd, const Deadline& give_up, const std::function<void()>& between) {
+  while (true) {
+    struct pollfd p = {fd, POLLOUT, 0};
+    const int ms = static_cast<int>(give_up.remainingNs(int64_t{100} * 1000000) / 1000000);
+    if (::poll(&p, 1, std::max(ms, 1)) > 0) {
+      int err = 0;
+      socklen_t len = sizeof(err);
+      if (::getsockopt(fd, SOL_SOCKET, SO_ERROR, &err, &len) != 0) {
+        return errno;
+      }
+      return err;
+    }
+    if (give_up.expired()) {
+      return ETIMEDOUT;
+    }
+    if (between) {
+      between();
+    }
+  }
+}
+
+} // namespace
+
+Fd connectTo(
+    const SockAddr& addr,
+    const Deadline& deadline,
+    const SockAddr* from,
+    std::chrono::milliseconds patience,
+    const std::function<void()>& between) {
+  const auto start = Clock::now();
+  Deadline give_up = deadline;
+  if (patience.count() > 0 && Deadline::after(patience).at() < deadline.at()) {
+    give_up = Deadline::after(patience);
+  }
   int delay_ms = 1;
   const std::string source = from != nullptr ? smddp::str(" from ", from->host()) : std::string();
   while (true) {
-    Fd s(::socket(addr.storage.ss_family, SOCK_STREAM | SOCK_CLOEXEC, 0));
+    Fd s(::socket(addr.storage.ss_family, SOCK_STREAM | SOCK_CLOEXEC | SOCK_NONBLOCK, 0));
     SMDDP_SYSCHECK(s.get(), "socket()");
     if (from != nullptr) {
       // The port comes with connect(), from the whole 4-tuple's space.
@@ -67,19 +112,32 @@ Fd connectTo(const SockAddr& addr, const Deadline& deadline, const SockAddr* fro
           ::bind(s.get(), reinterpret_cast<const sockaddr*>(&src.storage), src.len), "bind(", src.str(),
           ") before connecting to ", addr.str());
     }
-    if (::connect(s.get(), reinterpret_cast<const sockaddr*>(&addr.storage), addr.len) == 0) {
+    int err = 0;
+    if (::connect(s.get(), reinterpret_cast<const sockaddr*>(&addr.storage), addr.len) != 0) {
+      err = errno == EINPROGRESS ? awaitConnected(s.get(), give_up, between) : errno;
+    }
+    if (err == 0) {
+      setNonBlocking(s.get(), false);
       tuneConnection(s.get());
       return s;
     }
-    int err = errno;
-    if (err != ECONNREFUSED && err != ETIMEDOUT && err != EINTR && err != ECONNRESET &&
-        err != EHOSTUNREACH && err != ENETUNREACH) {
+    if (!retryable(err)) {
       SMDDP_THROW(kComm, "connect to ", addr.str(), source, " failed: ", errnoString(err));
     }
-    if (deadline.expired()) {
-      SMDDP_THROW(kTimeout, "could not connect to ", addr.str(), source, ": ", errnoString(err));
+    if (give_up.expired()) {
+      const double seconds = std::chrono::duration<double>(Clock::now() - start).count();
+      const std::string what = err == ETIMEDOUT ? std::string("nothing answered") : errnoString(err);
+      if (give_up.at() == deadline.at()) {
+        SMDDP_THROW(kTimeout, "could not connect to ", addr.str(), source, " in time: ", what);
+      }
+      SMDDP_THROW(kComm, "could not connect to ", addr.str(), source, " for ", str(std::fixed, std::setprecision(1), seconds),
+                  " s: ", what);
     }
-    std::this_thread::sleep_for(std::chrono::milliseconds(delay_ms));
+    if (between) {
+      between();
+    }
+    std::this_thread::sleep_for(
+        std::chrono::nanoseconds(give_up.remainingNs(int64_t{delay_ms} * 1000000)));
     delay_ms = std::min(delay_ms * 2, 100);
   }
 }

@@ -3,8 +3,10 @@
 // transport/nic.h.
 #pragma once
 
+#include <chrono>
 #include <cstddef>
 #include <cstdint>
+#include <functional>
 #include <string>
 
 #include "common/clock.h"
@@ -35,12 +37,22 @@ class Fd {
   int fd_ = -1;
 };
 
-// A listening socket on `addr` with an ephemeral port (written back).
+// A listening socket on `addr` with an ephemeral port (written back), with
+// room for every peer of a mesh to connect at once (a rail of 128 nodes is
+// 254 connections) before its acceptor gets to them.
 Fd listenOn(SockAddr* addr);
-// Connects, retrying refused connections until the deadline; from `from`'s
-// address (its port is ignored) when given, so that the connection leaves
-// through the NIC that holds it.
-Fd connectTo(const SockAddr& addr, const Deadline& deadline, const SockAddr* from = nullptr);
+// Connects from `from`'s address (its port is ignored) when given, so that
+// the connection leaves through the NIC that holds it. An attempt that is
+// refused, finds no route or gets no answer is retried until `patience` has
+// passed since the first one (0: until the deadline), then throws kComm
+// saying which; the deadline expiring first throws kTimeout. `between`, when
+// given, runs at least every 100 ms until then and may throw to give up.
+Fd connectTo(
+    const SockAddr& addr,
+    const Deadline& deadline,
+    const SockAddr* from = nullptr,
+    std::chrono::milliseconds patience = std::chrono::milliseconds(0),
+    const std::function<void()>& between = nullptr);
 // Accepts one connection, waiting at most until the deadline (-1 if none).
 Fd acceptOne(int listen_fd, const Deadline& deadline);
 
