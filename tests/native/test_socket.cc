@@ -502,3 +502,21 @@ SMDDP_TEST(a_rank_that_cannot_connect_fails_every_rank_of_its_mesh_at_once) {
     EXPECT_TRUE(what.find("SMDDP_SOCKET_IFNAME") != std::string::npos);
   }, std::chrono::seconds(60));
 }
+
+SMDDP_TEST(a_peer_that_never_connects_is_named_at_the_timeout) {
+  // Rank 0 never creates its part of the mesh: rank 1, waiting for its
+  // connections, names it and the address it waited on.
+  std::string dir = ::smddp::test::tempDir();
+  ::smddp::test::DirStore store(dir);
+  SocketMesh::Options o;
+  o.peer_hint = "127.0.0.1";
+  o.timeout = std::chrono::milliseconds(1500);
+  store.set("mesh/secret", std::vector<uint8_t>(sizeof(SipKey), 1));
+  EXPECT_THROWS(SocketMesh(store, "mesh", 1, {0}, o), kTimeout,
+                "only 0 of 1 expected connections from other nodes arrived at 127.0.0.1:");
+  try {
+    SocketMesh mesh(store, "mesh", 1, {0}, o);
+  } catch (const Error& e) {
+    EXPECT_TRUE(std::string(e.what()).find("(missing: rank 0;") != std::string::npos);
+  }
+}

@@ -555,8 +555,9 @@ SocketMesh::SocketMesh(
       }
       while (got < want && !stop.load()) {
         if (deadline.expired()) {
-          SMDDP_THROW(kTimeout, "only ", got, " of ", want, " expected connections from other nodes arrived (missing: ",
-                      missingRanks(slots), ")");
+          SMDDP_THROW(kTimeout, "only ", got, " of ", want, " expected connections from other nodes arrived at ",
+                      listen_address_, " (missing: ", missingRanks(slots), "; did they create the group, and can they "
+                      "reach this address?)");
         }
         Deadline slice = Deadline::after(std::chrono::milliseconds(100));
         if (slice.at() > deadline.at()) {
