@@ -344,6 +344,62 @@ def test_the_fallback_connects_a_pair_of_ranks_when_it_first_serves_it(pools) ->
         assert r["lazy_left_set"] is None, f"rank {rank}: {r}"
 
 
+def _tcp_ports() -> list[tuple[int, int]]:
+    """(local port, remote port) of each established TCP connection this
+    process holds."""
+    inodes = set()
+    for fd in os.listdir("/proc/self/fd"):
+        try:
+            link = os.readlink(f"/proc/self/fd/{fd}")
+        except OSError:
+            continue
+        if link.startswith("socket:["):
+            inodes.add(link[len("socket:["):-1])
+    out = []
+    for table in ("/proc/self/net/tcp", "/proc/self/net/tcp6"):
+        with open(table) as f:
+            for line in f.readlines()[1:]:
+                cols = line.split()
+                if cols[3] == "01" and cols[9] in inodes:  # ESTABLISHED, ours
+                    out.append((int(cols[1].rsplit(":", 1)[1], 16), int(cols[2].rsplit(":", 1)[1], 16)))
+    return out
+
+
+def case_socket_ports(low: int, high: int) -> dict:
+    """A group of 2 emulated nodes x 2 whose sockets listen on [low, high]:
+    its collectives, and the ports of the connections it made."""
+    torch.set_num_threads(1)
+    before = set(_tcp_ports())
+    os.environ.update({"SMDDP_SOCKET_PORTS": f"{low}-{high}", "SMDDP_RANKS_PER_NODE": "2"})
+    try:
+        g = dist.new_group(backend="smddp")
+    finally:
+        for k in ("SMDDP_SOCKET_PORTS", "SMDDP_RANKS_PER_NODE"):
+            del os.environ[k]
+    made = [p for p in _tcp_ports() if p not in before]
+    x = torch.full((1000,), float(dist.get_rank()))
+    dist.all_reduce(x, group=g)
+    out = {"sum": x[0].item(), "made": made, "topology": g._get_backend(torch.device("cpu")).topology()["nodes"]}
+    dist.destroy_process_group(g)
+    return out
+
+
+@pytest.mark.timeout(90, func_only=True)
+def test_sockets_listen_on_the_ports_a_firewall_admits(pools) -> None:
+    """SMDDP_SOCKET_PORTS: every connection between the emulated nodes is
+    made to a port of the range (the connecting end's port is the kernel's
+    choice), and the group works."""
+    low = 20000 + os.getpid() % 20000  # another test run's range is likely elsewhere
+    results = pools(4).run(case_socket_ports, low, low + 15, timeout=60)
+    for rank, r in enumerate(results):
+        assert r["sum"] == 6.0 and r["topology"] == 2, r
+        # The rail peer on the other node: its streams, each with one end
+        # in the range.
+        assert r["made"], f"rank {rank} made no connection: {r}"
+        for local, remote in r["made"]:
+            assert low <= local <= low + 15 or low <= remote <= low + 15, f"rank {rank}: {r}"
+
+
 def case_subgroup_topology(members: list[int]) -> dict | None:
     torch.set_num_threads(1)
     g = dist.new_group(ranks=members, backend="smddp")

@@ -271,6 +271,38 @@ std::string interfaceList(const std::string& value) {
   }
 }
 
+// SMDDP_SOCKET_PORTS: "LOW-HIGH", 1 <= LOW <= HIGH <= 65535.
+void portRange(const std::string& value, int* low, int* high) {
+  *low = *high = 0;
+  if (value.empty()) {
+    return;
+  }
+  auto bad = [&](const std::string& why) {
+    SMDDP_THROW(kConfig, "SMDDP_SOCKET_PORTS='", value, "': ", why,
+                "; give a range of TCP ports the hosts admit between them, e.g. 29600-29663");
+  };
+  const size_t dash = value.find('-');
+  if (dash == std::string::npos) {
+    bad("not LOW-HIGH");
+  }
+  auto port = [&](const std::string& part) {
+    const std::string t = trim(part);
+    if (t.empty() || t.size() > 5 || !std::all_of(t.begin(), t.end(), [](char ch) { return ch >= '0' && ch <= '9'; })) {
+      bad(str("'", t, "' is not a port number"));
+    }
+    const int p = std::stoi(t);
+    if (p < 1 || p > 65535) {
+      bad(str(p, " is not a port number (1..65535)"));
+    }
+    return p;
+  };
+  *low = port(value.substr(0, dash));
+  *high = port(value.substr(dash + 1));
+  if (*low > *high) {
+    bad("LOW is above HIGH");
+  }
+}
+
 } // namespace
 
 Config Config::fromEnv(const std::function<const char*(const char*)>& getenv) {
@@ -284,6 +316,7 @@ Config Config::fromEnv(const std::function<const char*(const char*)>& getenv) {
   SMDDP_CONFIG_KNOBS(SMDDP_PARSE_KNOB)
 #undef SMDDP_PARSE_KNOB
   c.socket_ifname = interfaceList(c.socket_ifname);
+  portRange(c.socket_ports, &c.socket_port_low, &c.socket_port_high);
   if (c.shm_slot_bytes % 64 != 0) {
     SMDDP_THROW(
         kConfig,

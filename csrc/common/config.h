@@ -117,6 +117,14 @@ constexpr int kYieldUsOversubscribed = 2000;
     "launcher) uses entry l*K/L of the K listed and binds every connection "   \
     "to it, so that each rail has its own NIC; empty: the address this host "  \
     "uses to reach the store.")                                                \
+  X(socket_ports, "SMDDP_SOCKET_PORTS", false, string, "", "",                        \
+    "Ports the inter-node sockets listen on, LOW-HIGH, for hosts whose "      \
+    "firewall admits TCP between them only there: each rank takes a free "    \
+    "port of the range while a group is being created (its listener closes "  \
+    "once its peers have connected), so a host needs at least as many as "    \
+    "ranks creating groups at once; the connecting ends' ports stay "         \
+    "ephemeral, and NCCL's (the CUDA rails') are NCCL's; empty: an "          \
+    "ephemeral port.")                                                        \
   X(socket_streams, "SMDDP_SOCKET_STREAMS", true, int, "2", "1..16",                 \
     "TCP connections per peer pair; large transfers are striped over them.")   \
   X(socket_rcvbuf_bytes, "SMDDP_SOCKET_RCVBUF_BYTES", false, autobytes, "auto",      \
@@ -212,6 +220,7 @@ struct Config {
   HugePageMode huge_pages = HugePageMode::kAuto;
   size_t huge_pages_min_bytes = 0;
   std::string socket_ifname;
+  std::string socket_ports;
   int socket_streams = 0;
   size_t socket_rcvbuf_bytes = kAutoBytes;
   int cuda_ranks_per_gpu = 0;
@@ -233,6 +242,9 @@ struct Config {
   // backend when it creates a group; they resolve the "auto" values.
   int host_ranks = 0;
   int host_cpus = 0;
+  // SMDDP_SOCKET_PORTS parsed (0, 0: ephemeral ports).
+  int socket_port_low = 0;
+  int socket_port_high = 0;
   bool oversubscribed() const {
     return host_cpus > 0 && host_ranks > host_cpus;
   }

@@ -37,8 +37,13 @@ SMDDP_TEST(parses_values) {
                       {"SMDDP_RANKS_PER_NODE", "2"},
                       {"SMDDP_SHM", "off"},
                       {"SMDDP_SINGLE_COPY", "on"},
-                      {"SMDDP_SHM_SLOT_BYTES", "65536"}});
+                      {"SMDDP_SHM_SLOT_BYTES", "65536"},
+                      {"SMDDP_SOCKET_PORTS", " 29600 - 29663"}});
   EXPECT_TRUE(c.algo == Algo::kHierarchical);
+  EXPECT_EQ(c.socket_port_low, 29600);
+  EXPECT_EQ(c.socket_port_high, 29663);
+  EXPECT_EQ(withEnv({}).socket_port_low, 0);  // ephemeral
+  EXPECT_EQ(withEnv({{"SMDDP_SOCKET_PORTS", "5000-5000"}}).socket_port_high, 5000);
   EXPECT_EQ(c.chunk_bytes, size_t{256} << 10);
   EXPECT_EQ(c.ranks_per_node, 2);
   EXPECT_TRUE(!c.shm);
@@ -54,6 +59,11 @@ SMDDP_TEST(rejects_bad_values_naming_the_variable) {
   EXPECT_THROWS(withEnv({{"SMDDP_RANKS_PER_NODE", "two"}}), kConfig, "not an integer");
   EXPECT_THROWS(withEnv({{"SMDDP_SHM", "maybe"}}), kConfig, "SMDDP_SHM");
   EXPECT_THROWS(withEnv({{"SMDDP_SHM_SLOT_BYTES", "4100"}}), kConfig, "multiple of 64");
+  EXPECT_THROWS(withEnv({{"SMDDP_SOCKET_PORTS", "29600"}}), kConfig, "SMDDP_SOCKET_PORTS='29600': not LOW-HIGH");
+  EXPECT_THROWS(withEnv({{"SMDDP_SOCKET_PORTS", "9-x"}}), kConfig, "'x' is not a port number");
+  EXPECT_THROWS(withEnv({{"SMDDP_SOCKET_PORTS", "0-10"}}), kConfig, "0 is not a port number (1..65535)");
+  EXPECT_THROWS(withEnv({{"SMDDP_SOCKET_PORTS", "1-70000"}}), kConfig, "70000 is not a port number");
+  EXPECT_THROWS(withEnv({{"SMDDP_SOCKET_PORTS", "20-10"}}), kConfig, "LOW is above HIGH");
 }
 
 SMDDP_TEST(agreement_string_names_differences) {

@@ -11,6 +11,7 @@
 
 #include <cstring>
 #include <random>
+#include <set>
 #include <thread>
 
 #include "common/config.h"
@@ -519,4 +520,35 @@ SMDDP_TEST(a_peer_that_never_connects_is_named_at_the_timeout) {
   } catch (const Error& e) {
     EXPECT_TRUE(std::string(e.what()).find("(missing: rank 0;") != std::string::npos);
   }
+}
+
+SMDDP_TEST(listeners_take_free_ports_of_a_range) {
+  // A firewall admits only some ports: each listener takes a free one of
+  // them, and when none is left the error says what to widen. Two adjacent
+  // ports found free first (held, then let go).
+  int low = 0;
+  for (int tries = 0; tries < 50 && low == 0; ++tries) {
+    SockAddr a = SockAddr::parse("127.0.0.1:0");
+    Fd first = listenOn(&a);
+    SockAddr b = SockAddr::parse("127.0.0.1:0");
+    b.setPort(a.port() + 1);
+    Fd second(::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0));
+    if (a.port() < 65535 && ::bind(second.get(), reinterpret_cast<const sockaddr*>(&b.storage), b.len) == 0) {
+      low = a.port();
+    }
+  }
+  EXPECT_TRUE(low > 0);
+  const int high = low + 1;
+  std::set<int> ports;
+  std::vector<Fd> held;
+  for (int i = 0; i < 2; ++i) {
+    SockAddr a = SockAddr::parse("127.0.0.1:0");
+    held.push_back(listenOn(&a, low, high));
+    EXPECT_TRUE(a.port() >= low && a.port() <= high);
+    ports.insert(a.port());
+  }
+  EXPECT_EQ(ports.size(), size_t{2});
+  SockAddr a = SockAddr::parse("127.0.0.1:0");
+  EXPECT_THROWS(listenOn(&a, low, high), kComm,
+                str("no free port in SMDDP_SOCKET_PORTS=", low, "-", high, " on 127.0.0.1 (all 2 are in use): widen"));
 }

@@ -507,7 +507,7 @@ SocketMesh::SocketMesh(
   SockAddr addr = nic_.address;
   Fd listener;
   try {
-    listener = listenOn(&addr);
+    listener = listenOn(&addr, options.port_low, options.port_high);
   } catch (const Error& e) {
     // The lower peers wait for this rank's address: they get why instead.
     store.set(str(key, "/addr/", rank), toBytes(str(kNoAddress, e.what())));
@@ -626,7 +626,8 @@ SocketMesh::SocketMesh(
           // refuses or ignores the connection is between the hosts.
           SMDDP_THROW(kComm, to, e.what(), ". Rank ", p, " listens there, so the path or the address does not "
                       "work between the two hosts: a firewall or security group that does not admit TCP between "
-                      "them (smddp listens on ephemeral ports), or a NIC through which they do not reach each other "
+                      "them (smddp listens on ephemeral ports, or on SMDDP_SOCKET_PORTS if it names a range the firewall "
+                      "admits), or a NIC through which they do not reach each other "
                       "(SMDDP_SOCKET_IFNAME chooses one)");
         }
         try {

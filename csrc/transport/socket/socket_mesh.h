@@ -3,8 +3,9 @@
 // The Mesh of the TCP transport (transport/network.h; SocketNetwork makes
 // it). Set-up (collective over the group; every rank names the peers it
 // needs, and the relation must be symmetric): group rank 0 puts a random 128-bit
-// secret in the store; every rank listens on an ephemeral port of its NIC's
-// address (Options::nic, see chooseNic()) and publishes it; for each pair
+// secret in the store; every rank listens on a port of its NIC's address
+// (Options::nic, see chooseNic(); the port ephemeral, or of Options'
+// range) and publishes it; for each pair
 // the lower rank connects `streams` times, from its NIC's address. So each
 // direction of a pair leaves its host through the sender's NIC, and both
 // directions of a rail (ranks of one local rank) travel on the rail's NICs.
@@ -150,6 +151,9 @@ class SocketMesh : public Mesh {
     Nic nic;
     std::string peer_hint;  // the store's host: where to route from
     int streams = 1;
+    // The ports a listener may take (SMDDP_SOCKET_PORTS); 0, 0: ephemeral.
+    int port_low = 0;
+    int port_high = 0;
     // SO_RCVBUF of every connection; 0 keeps the kernel's autotuning.
     size_t rcvbuf_bytes = 0;
     // Bounds the set-up; the group's timeout, from which the channels'

@@ -12,6 +12,8 @@ SocketMesh::Options socketOptions(const Config& config, const NetOptions& net) {
   so.nic = net.nic.empty() ? chooseNic(config.socket_ifname, 0, 1, net.store_host) : net.nic;
   so.peer_hint = net.store_host;
   so.streams = config.socket_streams;
+  so.port_low = config.socket_port_low;
+  so.port_high = config.socket_port_high;
   so.timeout = net.timeout;
   // Where a sender and its receiver take turns on one core (the host's
   // ranks outnumber its CPUs), autotuning grows the receive queue to

@@ -35,21 +35,36 @@ void Fd::reset() {
   }
 }
 
-Fd listenOn(SockAddr* addr) {
-  Fd s(::socket(addr->storage.ss_family, SOCK_STREAM | SOCK_CLOEXEC, 0));
-  SMDDP_SYSCHECK(s.get(), "socket()");
-  int one = 1;
-  ::setsockopt(s.get(), SOL_SOCKET, SO_REUSEADDR, &one, sizeof(one));
-  addr->setPort(0);
-  SMDDP_SYSCHECK(
-      ::bind(s.get(), reinterpret_cast<const sockaddr*>(&addr->storage), addr->len),
-      "bind(", addr->str(), ")");
-  SMDDP_SYSCHECK(::listen(s.get(), SOMAXCONN), "listen()");
-  addr->len = sizeof(addr->storage);
-  SMDDP_SYSCHECK(
-      ::getsockname(s.get(), reinterpret_cast<sockaddr*>(&addr->storage), &addr->len),
-      "getsockname()");
-  return s;
+Fd listenOn(SockAddr* addr, int low, int high) {
+  const int span = low > 0 ? high - low + 1 : 1;
+  // Any start that differs between the processes of a host will do.
+  const int first = static_cast<int>((static_cast<uint64_t>(::getpid()) * 2654435761u + nowNs()) %
+                                     static_cast<uint64_t>(span));
+  for (int i = 0; i < span; ++i) {
+    Fd s(::socket(addr->storage.ss_family, SOCK_STREAM | SOCK_CLOEXEC, 0));
+    SMDDP_SYSCHECK(s.get(), "socket()");
+    int one = 1;
+    ::setsockopt(s.get(), SOL_SOCKET, SO_REUSEADDR, &one, sizeof(one));
+    addr->setPort(low > 0 ? low + (first + i) % span : 0);
+    if (::bind(s.get(), reinterpret_cast<const sockaddr*>(&addr->storage), addr->len) != 0) {
+      const int err = errno;
+      if (err == EADDRINUSE && i + 1 < span) {
+        continue;
+      }
+      if (err == EADDRINUSE && low > 0) {
+        SMDDP_THROW(kComm, "no free port in SMDDP_SOCKET_PORTS=", low, "-", high, " on ", addr->host(), " (all ", span,
+                    " are in use): widen the range (a host's every rank takes one while a group is being created)");
+      }
+      SMDDP_THROW(kComm, "bind(", addr->str(), ") failed: ", errnoString(err));
+    }
+    SMDDP_SYSCHECK(::listen(s.get(), SOMAXCONN), "listen()");
+    addr->len = sizeof(addr->storage);
+    SMDDP_SYSCHECK(
+        ::getsockname(s.get(), reinterpret_cast<sockaddr*>(&addr->storage), &addr->len),
+        "getsockname()");
+    return s;
+  }
+  SMDDP_THROW(kInternal, "listenOn: an empty port range");
 }
 
 namespace {

@@ -37,10 +37,11 @@ class Fd {
   int fd_ = -1;
 };
 
-// A listening socket on `addr` with an ephemeral port (written back), with
-// room for every peer of a mesh to connect at once (a rail of 128 nodes is
-// 254 connections) before its acceptor gets to them.
-Fd listenOn(SockAddr* addr);
+// A listening socket on `addr` with a port (written back) that is
+// ephemeral, or the first free one of [low, high] from a random start (ranks
+// of one host taking ports at once try different ones first); room for
+// every connection of a mesh to wait before its acceptor gets to it.
+Fd listenOn(SockAddr* addr, int low = 0, int high = 0);
 // Connects from `from`'s address (its port is ignored) when given, so that
 // the connection leaves through the NIC that holds it. An attempt that is
 // refused, finds no route or gets no answer is retried until `patience` has
