@@ -390,10 +390,10 @@ def test_a_path_that_does_not_answer_fails_every_rank_at_set_up(cluster, tmp_pat
     after the kernel's SYN retries (minutes)."""
     out = str(tmp_path)
     run = _start_failing(cluster, out, 2, mode="setup")
-    # The command a user would type (smddp-cluster path 1 0 1 drop).
-    subprocess.run([sys.executable, "-m", "smddp.cluster", "--name", NAME, "path", "1", "0", "1", "drop"],
-                   check=True, env={**os.environ, **_env()})  # fmt: skip
     try:
+        # The command a user would type (smddp-cluster path 1 0 1 drop).
+        subprocess.run([sys.executable, "-m", "smddp.cluster", "--name", NAME, "path", "1", "0", "1", "drop"],
+                       check=True, env={**os.environ, **_env()})  # fmt: skip
         go = time.time()
         open(os.path.join(out, "go"), "w").close()
         deadline = time.monotonic() + SETUP_TIMEOUT_S + 20
