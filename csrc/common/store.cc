@@ -6,10 +6,9 @@ namespace smddp {
 
 namespace {
 
-// Every published part starts with one of these, so that any payload can
-// travel and a failure is never mistaken for one.
-constexpr uint8_t kPart = 0;
-constexpr uint8_t kFailed = 1;
+// A tagged entry's first byte.
+constexpr uint8_t kValue = 0;
+constexpr uint8_t kFailure = 1;
 
 std::string partKey(const std::string& prefix, int rank) {
   return str(prefix, "/", rank);
@@ -17,10 +16,30 @@ std::string partKey(const std::string& prefix, int rank) {
 
 } // namespace
 
+std::vector<uint8_t> taggedValue(const std::vector<uint8_t>& value) {
+  std::vector<uint8_t> entry{kValue};
+  entry.insert(entry.end(), value.begin(), value.end());
+  return entry;
+}
+
+std::vector<uint8_t> taggedFailure(const std::string& why) {
+  std::vector<uint8_t> entry{kFailure};
+  entry.insert(entry.end(), why.begin(), why.end());
+  return entry;
+}
+
+bool untag(const std::vector<uint8_t>& entry, std::vector<uint8_t>* value, std::string* why) {
+  SMDDP_ASSERT(!entry.empty() && (entry[0] == kValue || entry[0] == kFailure), "an untagged store entry");
+  if (entry[0] == kFailure) {
+    why->assign(entry.begin() + 1, entry.end());
+    return false;
+  }
+  value->assign(entry.begin() + 1, entry.end());
+  return true;
+}
+
 void storeAllGatherFailed(Store& store, const std::string& prefix, int rank, const std::string& failure) {
-  std::vector<uint8_t> part{kFailed};
-  part.insert(part.end(), failure.begin(), failure.end());
-  store.set(partKey(prefix, rank), part);
+  store.set(partKey(prefix, rank), taggedFailure(failure));
 }
 
 std::vector<std::vector<uint8_t>> storeAllGather(
@@ -30,9 +49,7 @@ std::vector<std::vector<uint8_t>> storeAllGather(
     int size,
     const std::vector<uint8_t>& mine,
     ErrorKind peer_failed) {
-  std::vector<uint8_t> part{kPart};
-  part.insert(part.end(), mine.begin(), mine.end());
-  store.set(partKey(prefix, rank), part);
+  store.set(partKey(prefix, rank), taggedValue(mine));
   std::vector<std::string> keys;
   keys.reserve(static_cast<size_t>(size));
   for (int r = 0; r < size; ++r) {
@@ -48,12 +65,10 @@ std::vector<std::vector<uint8_t>> storeAllGather(
       all[static_cast<size_t>(r)] = mine;
       continue;
     }
-    std::vector<uint8_t>& got = theirs[static_cast<size_t>(i++)];
-    SMDDP_ASSERT(!got.empty(), "rank ", r, "'s part of ", prefix, " is empty");
-    if (got[0] == kFailed) {
-      throw Error(peer_failed, str("rank ", r, " could not set up the group: ", std::string(got.begin() + 1, got.end())));
+    std::string why;
+    if (!untag(theirs[static_cast<size_t>(i++)], &all[static_cast<size_t>(r)], &why)) {
+      throw Error(peer_failed, str("rank ", r, " could not set up the group: ", why));
     }
-    all[static_cast<size_t>(r)].assign(got.begin() + 1, got.end());
   }
   return all;
 }

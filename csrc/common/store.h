@@ -38,6 +38,15 @@ class Store {
   }
 };
 
+// What a rank publishes for others to await: a value, or in its place why
+// it has none, so that the ranks awaiting it fail at once, naming it,
+// instead of waiting until the store's timeout. Tagged, so that any value
+// can travel and a failure is never mistaken for one.
+std::vector<uint8_t> taggedValue(const std::vector<uint8_t>& value);
+std::vector<uint8_t> taggedFailure(const std::string& why);
+// The value of a tagged entry; false, with `why` set, if it is a failure.
+bool untag(const std::vector<uint8_t>& entry, std::vector<uint8_t>* value, std::string* why);
+
 // Each rank publishes `mine` under prefix/<rank> and receives everybody's,
 // indexed by rank. A rank that failed before the exchange publishes its
 // error instead (storeAllGatherFailed) and raises its own; the others then

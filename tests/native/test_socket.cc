@@ -135,7 +135,10 @@ SMDDP_TEST(strangers_are_dropped_and_peers_talk) {
     if (rank == 1) {
       // Rank 1 listens; strangers knock before rank 0 connects.
       std::thread t([&] {
-        std::string addr = toString(store.get("mesh/addr/1"));
+        std::vector<uint8_t> published;
+        std::string why;
+        EXPECT_TRUE(untag(store.get("mesh/addr/1"), &published, &why));
+        const std::string addr = toString(published);
         for (int v = 0; v < 3; ++v) {
           stranger(addr, v);
         }
@@ -443,7 +446,7 @@ class WrongAddressStore : public Store {
     inner_.set(key, value);
   }
   std::vector<uint8_t> get(const std::string& key) override {
-    return key == "mesh/addr/1" ? toBytes(wrong_) : inner_.get(key);
+    return key == "mesh/addr/1" ? taggedValue(toBytes(wrong_)) : inner_.get(key);
   }
   std::vector<std::vector<uint8_t>> getAll(const std::vector<std::string>& keys) override {
     std::vector<std::vector<uint8_t>> out;

@@ -26,9 +26,6 @@ namespace {
 
 constexpr uint64_t kMagic = 0x736d646470617231ull; // "smddpar1"
 constexpr uint32_t kVersion = 3;
-// Published instead of the segment's name when local rank 0 cannot create it
-// (a name starts with '/').
-constexpr const char* kCreateFailed = "!";
 
 size_t alignUp(size_t x, size_t a) {
   return (x + a - 1) / a * a;
@@ -128,7 +125,7 @@ NodeArena::NodeArena(
     // get the reason instead, and fail now rather than at the group's timeout.
     auto tellPeers = [&](const std::string& why) {
       try {
-        store.set(key, toBytes(str(kCreateFailed, why)));
+        store.set(key, taggedFailure(why));
       } catch (const std::exception&) {
         // The store failing too: this rank's own error is the one to raise.
       }
@@ -167,14 +164,16 @@ NodeArena::NodeArena(
     for (int i = 0; i < local_size_ * local_size_; ++i) {
       new (&pairs[i]) PairLine();
     }
-    store.set(key, toBytes(segment_->name()));
+    store.set(key, taggedValue(toBytes(segment_->name())));
   } else {
-    std::string name = toString(store.get(key));
-    if (name.rfind(kCreateFailed, 0) == 0) {
+    std::vector<uint8_t> published;
+    std::string why;
+    if (!untag(store.get(key), &published, &why)) {
       SMDDP_THROW(
           kComm, "local rank 0 of the node (rank ", group_ranks_[0], ") could not create the node's shared memory: ",
-          name.substr(std::strlen(kCreateFailed)));
+          why);
     }
+    const std::string name = toString(published);
     segment_ = SharedSegment::attach(name, total);
     header_ = static_cast<ArenaHeader*>(segment_->data());
     if (header_->magic != kMagic || header_->version != kVersion ||

@@ -439,8 +439,6 @@ std::chrono::milliseconds SocketMesh::connectPatience(std::chrono::milliseconds 
 
 namespace {
 
-// In place of an address: the rank could not listen, and why.
-constexpr char kNoAddress = '!';
 // How often a rank waiting for its connections asks the store whether
 // another rank's set-up failed: seldom enough that a thousand waiting ranks
 // do not load it, often enough to fail long before the group's timeout.
@@ -510,12 +508,12 @@ SocketMesh::SocketMesh(
     listener = listenOn(&addr, options.port_low, options.port_high);
   } catch (const Error& e) {
     // The lower peers wait for this rank's address: they get why instead.
-    store.set(str(key, "/addr/", rank), toBytes(str(kNoAddress, e.what())));
+    store.set(str(key, "/addr/", rank), taggedFailure(e.what()));
     publishFailure(e.what());
     throw;
   }
   listen_address_ = addr.str();
-  store.set(str(key, "/addr/", rank), toBytes(listen_address_));
+  store.set(str(key, "/addr/", rank), taggedValue(toBytes(listen_address_)));
   if (!peers.empty()) {
     SMDDP_LOG(kInfo, "rank ", rank, ": ", key, " sockets on ", nic_.str(), ", listening on ", listen_address_);
   }
@@ -604,12 +602,13 @@ SocketMesh::SocketMesh(
         options.connect_patience.count() > 0 ? options.connect_patience : connectPatience(options.timeout);
     for (size_t i = 0; i < higher.size(); ++i) {
       const int p = higher[i];
-      const std::string published = toString(addrs[i]);
-      if (!published.empty() && published[0] == kNoAddress) {
+      std::vector<uint8_t> published;
+      std::string why;
+      if (!untag(addrs[i], &published, &why)) {
         told = true;
-        SMDDP_THROW(kComm, "rank ", p, " could not listen for its connections: ", published.substr(1));
+        SMDDP_THROW(kComm, "rank ", p, " could not listen for its connections: ", why);
       }
-      SockAddr peer_addr = SockAddr::parse(published);
+      SockAddr peer_addr = SockAddr::parse(toString(published));
       const std::string to = str("connecting to rank ", p, " at ", peer_addr.str(), " from ", nic_.str(), ": ");
       for (int s = 0; s < streams; ++s) {
         Fd c;
