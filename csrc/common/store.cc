@@ -73,6 +73,14 @@ std::vector<std::vector<uint8_t>> storeAllGather(
   return all;
 }
 
+bool storeSetFirst(Store& store, const std::string& key, const std::vector<uint8_t>& value) {
+  if (store.add(key + "/writers", 1) != 1) {
+    return false;
+  }
+  store.set(key, value);
+  return true;
+}
+
 namespace {
 
 // Counts this rank into the current round of the barrier (with its failure,
@@ -82,10 +90,9 @@ std::string arrive(Store& store, const std::string& key, int size, const std::st
   // names the round it belongs to.
   const int64_t round = store.add(key + "/arrived", 0) / size;
   const std::string at = key + "/" + std::to_string(round);
-  if (!failure.empty() && store.add(at + "/failures", 1) == 1) {
-    // The first failure is kept (the others are often its consequences),
-    // written before this rank arrives, so before the round is done.
-    store.set(at + "/failure", toBytes(failure));
+  if (!failure.empty()) {
+    // Written before this rank arrives, so before the round is done.
+    storeSetFirst(store, at + "/failure", toBytes(failure));
   }
   if (store.add(key + "/arrived", 1) == (round + 1) * size) {
     store.set(at + "/done", {1});
@@ -98,7 +105,7 @@ std::string arrive(Store& store, const std::string& key, int size, const std::st
 std::string storeBarrier(Store& store, const std::string& key, int size, const std::string& failure) {
   const std::string at = arrive(store, key, size, failure);
   store.get(at + "/done");
-  return store.add(at + "/failures", 0) > 0 ? toString(store.get(at + "/failure")) : std::string();
+  return store.check(at + "/failure") ? toString(store.get(at + "/failure")) : std::string();
 }
 
 void storeBarrierFailed(Store& store, const std::string& key, int size, const std::string& failure) {

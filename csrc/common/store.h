@@ -61,6 +61,10 @@ std::vector<std::vector<uint8_t>> storeAllGather(
     ErrorKind peer_failed = ErrorKind::kComm);
 void storeAllGatherFailed(Store& store, const std::string& prefix, int rank, const std::string& failure);
 
+// Sets `key` unless a rank set it first through this call (the first value
+// is kept: later ones are often its consequences); whether this one did.
+bool storeSetFirst(Store& store, const std::string& key, const std::vector<uint8_t>& value);
+
 // All `size` ranks arrive before any returns. The key may be used again
 // (a group re-created on the same store): each `size` arrivals are a round
 // of their own. A rank that arrives with a `failure` makes the call return

@@ -475,9 +475,7 @@ SocketMesh::SocketMesh(
       return;
     }
     try {
-      if (store.add(key + "/failures", 1) == 1) {
-        store.set(failed_key, toBytes(str("rank ", rank, " could not connect to its peers on other nodes: ", why)));
-      }
+      storeSetFirst(store, failed_key, toBytes(str("rank ", rank, " could not connect to its peers on other nodes: ", why)));
     } catch (const std::exception&) {
       // The store failing too: this rank's own error is the one to raise.
     }
