@@ -423,6 +423,39 @@ def test_a_group_created_again_on_one_store_reads_only_its_own_keys(tmp_path, en
         assert got == want, f"rank {rank}: {got}, expected {want}"
 
 
+def case_group_name_reused_by_other_members(path: str) -> list[float]:
+    """torch names groups by a counter it restarts after
+    destroy_process_group: one name on one store then stands for groups of
+    other members and sizes. Ranks 0 and 1 make a group of two twice, then
+    all four ranks one of the same name, then ranks 1..3 one of three."""
+    import datetime
+
+    import smddp
+
+    rank, world = dist.get_rank(), dist.get_world_size()
+    store = dist.FileStore(path, world)
+    got = []
+    for members in ([0, 1], [0, 1], [0, 1, 2, 3], [1, 2, 3]):
+        if rank in members:
+            pg = smddp.ProcessGroupSMDDP(
+                store, members.index(rank), len(members), datetime.timedelta(seconds=15), members, "1")
+            t = torch.full((1000,), float(rank + 1))
+            pg.allreduce([t]).wait()
+            got.append(t[0].item())
+            del pg
+        dist.barrier()
+    return got
+
+
+@pytest.mark.timeout(120)
+def test_a_group_name_reused_by_other_members_makes_a_group_of_its_own(tmp_path):
+    results = spawn_ranks(case_group_name_reused_by_other_members, 4, str(tmp_path / "store"), timeout=100)
+    sums = {(0, 1): 3.0, (0, 1, 2, 3): 10.0, (1, 2, 3): 9.0}
+    for rank, got in enumerate(results):
+        want = [sums[tuple(m)] for m in ([0, 1], [0, 1], [0, 1, 2, 3], [1, 2, 3]) if rank in m]
+        assert got == want, f"rank {rank}: {got}, expected {want}"
+
+
 # ---------------------------------------------------------------- flight recorder
 
 

@@ -2,6 +2,7 @@
 
 #include <c10/util/Exception.h>
 #include <cerrno>
+#include <cstdio>
 #include <cstdlib>
 #include <sstream>
 #include <torch/csrc/distributed/c10d/PrefixStore.hpp>
@@ -39,6 +40,20 @@ std::string detailOf(const algorithm::OpArgs& a) {
   return describeCall(a.kind, a.dtype(), a.reduce.op, a.count, a.root);
 }
 
+// Which ranks make a group, short enough for a store key: its size and a
+// hash of its members' global ranks (none given: the whole world).
+std::string membersKey(int size, const std::vector<int64_t>& global_ranks) {
+  uint64_t h = 14695981039346656037ull;  // FNV-1a
+  for (int64_t r : global_ranks) {
+    for (int i = 0; i < 8; ++i) {
+      h = (h ^ ((static_cast<uint64_t>(r) >> (8 * i)) & 0xff)) * 1099511628211ull;
+    }
+  }
+  char hex[17];
+  std::snprintf(hex, sizeof(hex), "%016llx", static_cast<unsigned long long>(h));
+  return global_ranks.empty() ? str(size) : str(size, "-", hex);
+}
+
 } // namespace
 
 // ------------------------------------------------------------ construction
@@ -63,12 +78,16 @@ ProcessGroupSMDDP::ProcessGroupSMDDP(
   // How the set-up's communication failures begin.
   const std::string failed_here = str("ProcessGroupSMDDP (rank ", rank, " of ", size, ", group '", group_name_, "'): ");
   try {
-    // The first key every rank touches: the n-th creation of a group on
-    // this store is generation n / size, and no rank can finish creating
-    // generation g before every rank has counted itself into it.
+    // The first key every rank touches: the n-th creation of a group of
+    // these members on this store is generation n / size, and no rank can
+    // finish creating generation g before every rank has counted itself
+    // into it. The members are part of the key: torch restarts its group
+    // names after destroy_process_group, so one name on one store may stand
+    // for groups of other members and sizes, whose counts must not mix.
+    const std::string members = str("smddp/", membersKey(size, global_ranks_));
     C10dStoreAdapter raw(store, timeout);
-    const int64_t generation = (raw.add("smddp/groups", 1) - 1) / size;
-    store_ = c10::make_intrusive<::c10d::PrefixStore>(str("smddp/", generation), store);
+    const int64_t generation = (raw.add(members + "/groups", 1) - 1) / size;
+    store_ = c10::make_intrusive<::c10d::PrefixStore>(str(members, "/", generation), store);
   } catch (const std::exception& e) {
     TORCH_CHECK_WITH(DistBackendError, false, failed_here, "set-up failed: the store: ", e.what());
   }

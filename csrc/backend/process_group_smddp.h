@@ -21,10 +21,11 @@
 // so that they fail promptly too). With SMDDP_DEBUG_DUMP set, such a failure
 // also writes the group's last collectives (common/flight_recorder.h).
 //
-// Store keys: a group counts its creations on its store and keeps every key
-// under that generation ("smddp/<generation>/..."), so that a group created
-// again on the same store (same name, say, after destroy_process_group)
-// never reads the keys of the one before.
+// Store keys: a group counts the creations of a group of its members on its
+// store and keeps every key under that generation
+// ("smddp/<members>/<generation>/..."), so that a group created again on the
+// same store (same name, say, after destroy_process_group, of the same or
+// other members) never reads the keys of another.
 //
 // Threading: collective calls may come from any thread but are expected in the
 // same order on every rank; native work runs on the Executor (one at a time).
