@@ -4,11 +4,14 @@
 // size, abort, exit); every connection is kept alive. Each rank's NIC: the
 // spread of local ranks over SMDDP_SOCKET_IFNAME's entries, its errors, and
 // connections bound to the NIC's address (two NICs on loopback).
+#include <dlfcn.h>
 #include <netinet/in.h>
 #include <netinet/tcp.h>
+#include <sys/resource.h>
 #include <sys/socket.h>
 #include <unistd.h>
 
+#include <atomic>
 #include <cstring>
 #include <random>
 #include <set>
@@ -554,4 +557,120 @@ SMDDP_TEST(listeners_take_free_ports_of_a_range) {
   SockAddr a = SockAddr::parse("127.0.0.1:0");
   EXPECT_THROWS(listenOn(&a, low, high), kComm,
                 str("no free port in SMDDP_SOCKET_PORTS=", low, "-", high, " on 127.0.0.1 (all 2 are in use): widen"));
+}
+
+namespace {
+
+// listen() calls to fail as if another process had begun to listen on the
+// port first (sockets that do not listen yet may share one).
+std::atomic<int> listens_to_fail{0};
+
+} // namespace
+
+extern "C" int listen(int fd, int backlog) {
+  static auto real = reinterpret_cast<int (*)(int, int)>(::dlsym(RTLD_NEXT, "listen"));
+  if (listens_to_fail.load() > 0) {
+    listens_to_fail.fetch_sub(1);
+    errno = EADDRINUSE;
+    return -1;
+  }
+  return real(fd, backlog);
+}
+
+SMDDP_TEST(a_port_another_rank_began_to_listen_on_is_skipped) {
+  // Ranks of one host take ports of a range at once: one whose listen()
+  // comes second on a port takes the next port of the range.
+  int low = 0;
+  for (int tries = 0; tries < 50 && low == 0; ++tries) {
+    SockAddr a = SockAddr::parse("127.0.0.1:0");
+    Fd first = listenOn(&a);
+    SockAddr b = SockAddr::parse("127.0.0.1:0");
+    b.setPort(a.port() + 1);
+    Fd second(::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0));
+    if (a.port() < 65535 && ::bind(second.get(), reinterpret_cast<const sockaddr*>(&b.storage), b.len) == 0) {
+      low = a.port();
+    }
+  }
+  EXPECT_TRUE(low > 0);
+  listens_to_fail = 1;
+  SockAddr got = SockAddr::parse("127.0.0.1:0");
+  Fd mine = listenOn(&got, low, low + 1);
+  EXPECT_TRUE(got.port() == low || got.port() == low + 1);
+  EXPECT_EQ(listens_to_fail.load(), 0);
+  mine.reset();
+  // With no other port left the range is full.
+  listens_to_fail = 1;
+  SockAddr none = SockAddr::parse("127.0.0.1:0");
+  EXPECT_THROWS(listenOn(&none, low, low), kComm, str("no free port in SMDDP_SOCKET_PORTS=", low, "-", low));
+  listens_to_fail = 0;
+}
+
+SMDDP_TEST(a_rank_out_of_descriptors_fails_to_accept_with_the_cause) {
+  // accept() failing for this process's own reason (no descriptor left) is
+  // an error naming it, not a connection that never arrives: the pending
+  // connection would keep the listener readable and the wait would spin.
+  ::smddp::test::runRanks(1, [](int) {
+    SockAddr a = SockAddr::parse("127.0.0.1:0");
+    Fd listener = listenOn(&a);
+    Fd client = connectTo(a, Deadline::after(std::chrono::seconds(5)));
+    struct rlimit lim {};
+    EXPECT_EQ(::getrlimit(RLIMIT_NOFILE, &lim), 0);
+    lim.rlim_cur = static_cast<rlim_t>(std::max(listener.get(), client.get()) + 1);
+    EXPECT_EQ(::setrlimit(RLIMIT_NOFILE, &lim), 0);
+    std::vector<Fd> fill;
+    for (int fd; (fd = ::dup(0)) >= 0;) {
+      fill.emplace_back(fd);
+    }
+    EXPECT_THROWS(acceptOne(listener.get(), Deadline::after(std::chrono::seconds(5))), kComm, "Too many open files");
+    try {
+      acceptOne(listener.get(), Deadline::after(std::chrono::seconds(5)));
+    } catch (const Error& e) {
+      EXPECT_TRUE(std::string(e.what()).find("ulimit -n") != std::string::npos);
+    }
+  }, std::chrono::seconds(30));
+}
+
+SMDDP_TEST(silent_connections_do_not_hold_up_the_peers) {
+  // A port scanner or a health check that connects and says nothing is
+  // dropped after a while; meanwhile the peers' handshakes go on beside it.
+  std::string dir = ::smddp::test::tempDir();
+  ::smddp::test::runRanks(2, [&](int rank) {
+    ::smddp::test::DirStore store(dir);
+    SocketMesh::Options o;
+    o.peer_hint = "127.0.0.1";
+    o.streams = 2;
+    o.timeout = std::chrono::seconds(30);
+    std::vector<Fd> silent;
+    if (rank == 0) {
+      std::vector<uint8_t> published;
+      std::string why;
+      EXPECT_TRUE(untag(store.get("mesh/addr/1"), &published, &why));
+      const SockAddr peer = SockAddr::parse(toString(published));
+      for (int i = 0; i < 3; ++i) {
+        silent.push_back(connectTo(peer, Deadline::after(std::chrono::seconds(5))));
+      }
+      std::this_thread::sleep_for(std::chrono::milliseconds(200));
+    }
+    const auto start = Clock::now();
+    SocketMesh mesh(store, "mesh", rank, {1 - rank}, o);
+    EXPECT_TRUE(secondsSince(start) < 3);
+  }, std::chrono::seconds(60));
+}
+
+SMDDP_TEST(a_rank_handshaking_with_a_failed_peer_learns_why) {
+  // Rank 1's kernel takes the connection into its queue, but rank 1 failed
+  // and never answers: rank 0 fails with what rank 1 published, soon, not
+  // at the group's timeout with a connection error of its own.
+  std::string dir = ::smddp::test::tempDir();
+  ::smddp::test::DirStore store(dir);
+  SockAddr a = SockAddr::parse("127.0.0.1:0");
+  Fd listener = listenOn(&a);
+  store.set("mesh/addr/1", taggedValue(toBytes(a.str())));
+  store.set("mesh/failed", toBytes("rank 1 could not connect to its peers on other nodes: the test's reason"));
+  SocketMesh::Options o;
+  o.peer_hint = "127.0.0.1";
+  o.timeout = std::chrono::seconds(30);
+  const auto start = Clock::now();
+  EXPECT_THROWS(SocketMesh(store, "mesh", 0, {1}, o), kComm, "the test's reason");
+  EXPECT_TRUE(secondsSince(start) < 5);
 }

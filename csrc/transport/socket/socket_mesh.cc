@@ -2,6 +2,7 @@
 
 #include <netinet/in.h>
 #include <netinet/tcp.h>
+#include <poll.h>
 #include <sys/random.h>
 #include <sys/uio.h>
 #include <unistd.h>
@@ -13,6 +14,7 @@
 #include <cstdint>
 #include <cstring>
 #include <exception>
+#include <functional>
 #include <map>
 #include <mutex>
 #include <set>
@@ -374,8 +376,10 @@ uint64_t mac(const SipKey& key, char role, const Hello& hello, const uint64_t no
   return siphash24(key, buf, sizeof(buf));
 }
 
-// Connector side. Throws if the acceptor does not prove the key.
-void handshakeConnect(int fd, const SipKey& key, int from, int to, int stream, int streams, const Deadline& dl) {
+// Connector side. Throws if the acceptor does not prove the key. `between`
+// runs while it waits for the acceptor and may throw to give up.
+void handshakeConnect(int fd, const SipKey& key, int from, int to, int stream, int streams, const Deadline& dl,
+                      const std::function<void()>& between) {
   Hello h{};
   h.magic = kHelloMagic;
   h.version = kHelloVersion;
@@ -386,43 +390,93 @@ void handshakeConnect(int fd, const SipKey& key, int from, int to, int stream, i
   randomBytes(h.nonce, sizeof(h.nonce));
   sendAll(fd, &h, sizeof(h), dl);
   Challenge c{};
-  recvAll(fd, &c, sizeof(c), dl);
+  recvAll(fd, &c, sizeof(c), dl, between);
   if (c.mac != mac(key, 'A', h, c.nonce)) {
     SMDDP_THROW(kComm, "rank ", to, " failed to prove it belongs to this group");
   }
   uint64_t response = mac(key, 'C', h, c.nonce);
   sendAll(fd, &response, sizeof(response), dl);
   uint8_t ok = 0;
-  recvAll(fd, &ok, 1, dl);
+  recvAll(fd, &ok, 1, dl, between);
   if (ok != 1) {
     SMDDP_THROW(kComm, "rank ", to, " rejected the connection");
   }
 }
 
-// Acceptor side: returns the verified hello, or throws why not.
-Hello handshakeAccept(int fd, const SipKey& key, int me, int streams, const std::set<int>& expected, const Deadline& dl) {
-  Hello h{};
-  recvAll(fd, &h, sizeof(h), dl);
-  if (h.magic != kHelloMagic || h.version != kHelloVersion) {
-    SMDDP_THROW(kComm, "not an smddp peer (bad greeting)");
+// Acceptor side, one connection's handshake, driven by poll() beside the
+// others' (a connection that says nothing must not hold up the peers'):
+// step() reads what has arrived, answers, and says when the peer is proven.
+// Throws why the connection is not a peer of this group.
+class AcceptedHandshake {
+ public:
+  AcceptedHandshake(Fd fd, Clock::time_point until) : fd_(std::move(fd)), until_(until) {}
+
+  // True once the connection is a proven peer (hello() says which stream).
+  bool step(const SipKey& key, int me, int streams, const std::set<int>& expected) {
+    uint8_t* into = challenged_ ? reinterpret_cast<uint8_t*>(&response_) : reinterpret_cast<uint8_t*>(&hello_);
+    const size_t want = challenged_ ? sizeof(response_) : sizeof(hello_);
+    while (got_ < want) {
+      ssize_t r = ::recv(fd_.get(), into + got_, want - got_, MSG_DONTWAIT);
+      if (r > 0) {
+        got_ += static_cast<size_t>(r);
+        continue;
+      }
+      if (r == 0) {
+        SMDDP_THROW(kComm, "closed before the handshake ended");
+      }
+      if (errno == EAGAIN || errno == EWOULDBLOCK || errno == EINTR) {
+        return false;
+      }
+      SMDDP_THROW(kComm, "recv failed: ", errnoString(errno));
+    }
+    got_ = 0;
+    // The few bytes of an answer fit an idle connection's send buffer.
+    const Deadline answer = Deadline::after(std::chrono::seconds(1));
+    if (!challenged_) {
+      const Hello& h = hello_;
+      if (h.magic != kHelloMagic || h.version != kHelloVersion) {
+        SMDDP_THROW(kComm, "not an smddp peer (bad greeting)");
+      }
+      if (h.to != static_cast<uint32_t>(me) || h.streams != streams ||
+          h.stream >= static_cast<uint32_t>(streams) || expected.count(static_cast<int>(h.from)) == 0) {
+        SMDDP_THROW(kComm, "unexpected greeting (from ", h.from, " to ", h.to, " stream ", h.stream, ")");
+      }
+      randomBytes(challenge_.nonce, sizeof(challenge_.nonce));
+      challenge_.mac = mac(key, 'A', h, challenge_.nonce);
+      sendAll(fd_.get(), &challenge_, sizeof(challenge_), answer);
+      challenged_ = true;
+      return false;
+    }
+    if (response_ != mac(key, 'C', hello_, challenge_.nonce)) {
+      SMDDP_THROW(kComm, "the peer does not hold this group's secret");
+    }
+    uint8_t ok = 1;
+    sendAll(fd_.get(), &ok, 1, answer);
+    return true;
   }
-  if (h.to != static_cast<uint32_t>(me) || h.streams != streams ||
-      h.stream >= static_cast<uint32_t>(streams) || expected.count(static_cast<int>(h.from)) == 0) {
-    SMDDP_THROW(kComm, "unexpected greeting (from ", h.from, " to ", h.to, " stream ", h.stream, ")");
+
+  int fd() const {
+    return fd_.get();
   }
-  Challenge c{};
-  randomBytes(c.nonce, sizeof(c.nonce));
-  c.mac = mac(key, 'A', h, c.nonce);
-  sendAll(fd, &c, sizeof(c), dl);
-  uint64_t response = 0;
-  recvAll(fd, &response, sizeof(response), dl);
-  if (response != mac(key, 'C', h, c.nonce)) {
-    SMDDP_THROW(kComm, "the peer does not hold this group's secret");
+  Fd release() {
+    return std::move(fd_);
   }
-  uint8_t ok = 1;
-  sendAll(fd, &ok, 1, dl);
-  return h;
-}
+  const Hello& hello() const {
+    return hello_;
+  }
+  Clock::time_point until() const {
+    return until_;
+  }
+
+ private:
+  Fd fd_;
+  Clock::time_point until_;
+  Hello hello_{};
+  Challenge challenge_{};
+  uint64_t response_ = 0;
+  size_t got_ = 0;
+  bool challenged_ = false;
+};
 
 } // namespace
 
@@ -481,8 +535,8 @@ SocketMesh::SocketMesh(
     }
   };
   Clock::time_point last_check{};
-  auto checkFailure = [&] {
-    if (Clock::now() - last_check < kFailureCheckInterval) {
+  auto checkFailure = [&](bool now = false) {
+    if (!now && Clock::now() - last_check < kFailureCheckInterval) {
       return;
     }
     last_check = Clock::now();
@@ -491,6 +545,18 @@ SocketMesh::SocketMesh(
       SMDDP_THROW(kComm, toString(store.get(failed_key)));
     }
   };
+  // After this rank's own connection failed: a peer that failed may be why,
+  // and its cause is the one to name (the store failing too changes nothing).
+  auto preferPublished = [&] {
+    try {
+      checkFailure(true);
+    } catch (const Error&) {
+      if (told) {
+        throw;
+      }
+    }
+  };
+
 
   SipKey secret;
   if (rank == 0) {
@@ -549,34 +615,63 @@ SocketMesh::SocketMesh(
       for (int p : lower) {
         slots[p].resize(static_cast<size_t>(streams));
       }
+      // A connection gets this long to prove itself; the peers' own
+      // handshakes go on beside it meanwhile.
+      constexpr auto kProveWithin = std::chrono::seconds(5);
+      std::vector<AcceptedHandshake> pending;
+      auto drop = [&](size_t i, const std::string& why) {
+        SMDDP_LOG(kWarn, "rank ", rank, ": dropped a connection to ", listen_address_,
+                  " that is not a peer of this group: ", why);
+        pending.erase(pending.begin() + static_cast<std::ptrdiff_t>(i));
+      };
       while (got < want && !stop.load()) {
         if (deadline.expired()) {
           SMDDP_THROW(kTimeout, "only ", got, " of ", want, " expected connections from other nodes arrived at ",
                       listen_address_, " (missing: ", missingRanks(slots), "; did they create the group, and can they "
                       "reach this address?)");
         }
-        Deadline slice = Deadline::after(std::chrono::milliseconds(100));
-        if (slice.at() > deadline.at()) {
-          slice = deadline;
+        std::vector<struct pollfd> fds;
+        fds.push_back({listener.get(), POLLIN, 0});
+        auto wake = Clock::now() + std::chrono::milliseconds(100);
+        for (const AcceptedHandshake& h : pending) {
+          fds.push_back({h.fd(), POLLIN, 0});
+          wake = std::min(wake, h.until());
         }
-        Fd c = acceptOne(listener.get(), slice);
-        if (c.get() < 0) {
-          continue;
+        wake = std::min(wake, deadline.at());
+        const auto ms = std::chrono::ceil<std::chrono::milliseconds>(wake - Clock::now()).count();
+        if (::poll(fds.data(), fds.size(), static_cast<int>(std::clamp<int64_t>(ms, 0, 100))) < 0 && errno != EINTR) {
+          SMDDP_SYSCHECK(-1, "poll() on the connections being accepted");
         }
-        try {
-          Deadline hs = Deadline::after(std::chrono::seconds(5));
-          if (hs.at() > deadline.at()) {
-            hs = deadline;
+        // Back to front, so that dropping one leaves the others' indices.
+        for (size_t i = pending.size(); i-- > 0;) {
+          const short ready = fds[i + 1].revents;
+          try {
+            if (ready != 0 && pending[i].step(secret, rank, streams, lower)) {
+              const Hello& h = pending[i].hello();
+              Fd& slot = slots[static_cast<int>(h.from)][h.stream];
+              if (slot.get() >= 0) {
+                SMDDP_THROW(kComm, "duplicate connection from rank ", h.from, " stream ", h.stream);
+              }
+              slot = pending[i].release();
+              pending.erase(pending.begin() + static_cast<std::ptrdiff_t>(i));
+              ++got;
+            } else if (Clock::now() >= pending[i].until()) {
+              drop(i, "it did not prove itself within 5 s");
+            }
+          } catch (const Error& e) {
+            drop(i, e.what());
           }
-          Hello h = handshakeAccept(c.get(), secret, rank, streams, lower, hs);
-          Fd& slot = slots[static_cast<int>(h.from)][h.stream];
-          if (slot.get() >= 0) {
-            SMDDP_THROW(kComm, "duplicate connection from rank ", h.from, " stream ", h.stream);
+        }
+        if ((fds[0].revents & POLLIN) != 0) {
+          Fd c;
+          try {
+            c = acceptOne(listener.get(), Deadline::after(std::chrono::milliseconds(0)));
+          } catch (const Error& e) {
+            throw Error(e.kind(), str("accepting the connections of other nodes at ", listen_address_, ": ", e.what()));
           }
-          slot = std::move(c);
-          ++got;
-        } catch (const Error& e) {
-          SMDDP_LOG(kWarn, "rank ", rank, ": dropped a connection that is not a peer of this group: ", e.what());
+          if (c.get() >= 0) {
+            pending.emplace_back(std::move(c), std::min(Clock::now() + kProveWithin, deadline.at()));
+          }
         }
       }
       accepted = std::move(slots);
@@ -611,11 +706,12 @@ SocketMesh::SocketMesh(
       for (int s = 0; s < streams; ++s) {
         Fd c;
         try {
-          c = connectTo(peer_addr, deadline, &nic_.address, patience, checkFailure);
+          c = connectTo(peer_addr, deadline, &nic_.address, patience, [&] { checkFailure(); });
         } catch (const Error& e) {
           if (told) {
             throw;
           }
+          preferPublished();
           if (e.kind() != ErrorKind::kComm) {
             throw Error(e.kind(), to + e.what());
           }
@@ -628,8 +724,12 @@ SocketMesh::SocketMesh(
                       "(SMDDP_SOCKET_IFNAME chooses one)");
         }
         try {
-          handshakeConnect(c.get(), secret, rank, p, s, streams, deadline);
+          handshakeConnect(c.get(), secret, rank, p, s, streams, deadline, [&] { checkFailure(); });
         } catch (const Error& e) {
+          if (told) {
+            throw;
+          }
+          preferPublished();
           throw Error(e.kind(), to + e.what());
         }
         connected[p].push_back(std::move(c));
@@ -654,7 +754,7 @@ SocketMesh::SocketMesh(
     }
     try {
       std::rethrow_exception(error);
-    } catch (const Error& e) {
+    } catch (const std::exception& e) {
       publishFailure(e.what());
       throw;
     }

@@ -46,8 +46,18 @@ Fd listenOn(SockAddr* addr, int low, int high) {
     int one = 1;
     ::setsockopt(s.get(), SOL_SOCKET, SO_REUSEADDR, &one, sizeof(one));
     addr->setPort(low > 0 ? low + (first + i) % span : 0);
+    // Sockets that do not listen yet may share a port: another process
+    // between its bind() and listen() on this one makes the listen() that
+    // comes second fail. Either way the port is taken; the next may not be.
+    const char* step = "bind";
+    int err = 0;
     if (::bind(s.get(), reinterpret_cast<const sockaddr*>(&addr->storage), addr->len) != 0) {
-      const int err = errno;
+      err = errno;
+    } else if (::listen(s.get(), SOMAXCONN) != 0) {
+      err = errno;
+      step = "listen";
+    }
+    if (err != 0) {
       if (err == EADDRINUSE && i + 1 < span) {
         continue;
       }
@@ -55,9 +65,8 @@ Fd listenOn(SockAddr* addr, int low, int high) {
         SMDDP_THROW(kComm, "no free port in SMDDP_SOCKET_PORTS=", low, "-", high, " on ", addr->host(), " (all ", span,
                     " are in use): widen the range (a host's every rank takes one while a group is being created)");
       }
-      SMDDP_THROW(kComm, "bind(", addr->str(), ") failed: ", errnoString(err));
+      SMDDP_THROW(kComm, step, "(", addr->str(), ") failed: ", errnoString(err));
     }
-    SMDDP_SYSCHECK(::listen(s.get(), SOMAXCONN), "listen()");
     addr->len = sizeof(addr->storage);
     SMDDP_SYSCHECK(
         ::getsockname(s.get(), reinterpret_cast<sockaddr*>(&addr->storage), &addr->len),
@@ -165,9 +174,19 @@ Fd acceptOne(int listen_fd, const Deadline& deadline) {
     return Fd();
   }
   Fd c(::accept4(listen_fd, nullptr, nullptr, SOCK_CLOEXEC));
-  if (c.get() >= 0) {
-    tuneConnection(c.get());
+  if (c.get() < 0) {
+    const int err = errno;
+    // This process's own shortage: the connection stays queued (the
+    // listener stays readable), so waiting on would spin until the timeout.
+    if (err == EMFILE || err == ENFILE || err == ENOBUFS || err == ENOMEM) {
+      SMDDP_THROW(kComm, "accept() failed: ", errnoString(err), ": this process has no ",
+                  err == ENOBUFS || err == ENOMEM ? "memory" : "file descriptor",
+                  " left for a peer's connection (raise the limit of open files, ulimit -n, or open fewer)");
+    }
+    // The connection's own trouble (aborted, a protocol error), or a signal.
+    return c;
   }
+  tuneConnection(c.get());
   return c;
 }
 
@@ -231,7 +250,7 @@ void sendAll(int fd, const void* buf, size_t n, const Deadline& deadline) {
   }
 }
 
-void recvAll(int fd, void* buf, size_t n, const Deadline& deadline) {
+void recvAll(int fd, void* buf, size_t n, const Deadline& deadline, const std::function<void()>& between) {
   auto* p = static_cast<uint8_t*>(buf);
   while (n > 0) {
     ssize_t r = ::recv(fd, p, n, MSG_DONTWAIT);
@@ -247,9 +266,13 @@ void recvAll(int fd, void* buf, size_t n, const Deadline& deadline) {
       SMDDP_THROW(kComm, "recv failed: ", errnoString(errno));
     }
     struct pollfd pf = {fd, POLLIN, 0};
-    ::poll(&pf, 1, static_cast<int>(deadline.remainingNs(int64_t{100} * 1000000) / 1000000) + 1);
+    const bool ready =
+        ::poll(&pf, 1, static_cast<int>(deadline.remainingNs(int64_t{100} * 1000000) / 1000000) + 1) > 0;
     if (deadline.expired()) {
       SMDDP_THROW(kTimeout, "receive did not complete in time");
+    }
+    if (!ready && between) {
+      between();
     }
   }
 }

@@ -54,7 +54,9 @@ Fd connectTo(
     const SockAddr* from = nullptr,
     std::chrono::milliseconds patience = std::chrono::milliseconds(0),
     const std::function<void()>& between = nullptr);
-// Accepts one connection, waiting at most until the deadline (-1 if none).
+// Accepts one connection, waiting at most until the deadline (-1 if none,
+// or the connection failed before it was accepted); throws kComm if this
+// process has no descriptor or memory left for it.
 Fd acceptOne(int listen_fd, const Deadline& deadline);
 
 void setNonBlocking(int fd, bool on);
@@ -81,6 +83,8 @@ void setReceiveBuffer(int fd, size_t bytes);
 
 // Blocking transfers (handshakes): whole buffers or throw (kComm/kTimeout).
 void sendAll(int fd, const void* buf, size_t n, const Deadline& deadline);
-void recvAll(int fd, void* buf, size_t n, const Deadline& deadline);
+// `between`, when given, runs at least every 100 ms while nothing arrives
+// and may throw to give up.
+void recvAll(int fd, void* buf, size_t n, const Deadline& deadline, const std::function<void()>& between = nullptr);
 
 } // namespace smddp::transport
