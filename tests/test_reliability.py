@@ -7,6 +7,7 @@ a broken group is unusable by design.
 
 from __future__ import annotations
 
+import datetime
 import glob
 import json
 import os
@@ -339,6 +340,44 @@ def test_abort_makes_pending_work_fail_now():
     elapsed, msg = results[0]
     assert elapsed < 1.0, (elapsed, msg)
     assert "abort" in msg, msg
+
+
+def case_calls_after_the_end() -> dict:
+    """Rank 0 shuts one group down and aborts another; every call on them
+    after that, native or served by the fallback, fails at once on rank 0
+    (instead of reaching the fallback, which would wait for the peer)."""
+    rank = dist.get_rank()
+    groups = {how: dist.new_group(backend="smddp", timeout=datetime.timedelta(seconds=20)) for how in ("shutdown", "abort")}
+    calls = {
+        "all_reduce": lambda g: dist.all_reduce(torch.ones(4), group=g),
+        "barrier": lambda g: dist.barrier(group=g),
+        "all_to_all_single": lambda g: dist.all_to_all_single(torch.empty(2), torch.ones(2), group=g),
+        "broadcast": lambda g: dist.broadcast(torch.ones(4), 0, group=g),
+    }
+    out = {}
+    if rank == 0:
+        for how, g in groups.items():
+            getattr(g._get_backend(torch.device("cpu")), how)()
+            for name, call in calls.items():
+                t0 = time.monotonic()
+                try:
+                    call(g)
+                    out[f"{how}/{name}"] = (time.monotonic() - t0, "no error")
+                except Exception as e:  # noqa: BLE001
+                    out[f"{how}/{name}"] = (time.monotonic() - t0, f"{type(e).__name__}: {e}")
+    dist.barrier()
+    return out
+
+
+@pytest.mark.timeout(120)
+def test_calls_on_a_group_after_its_shutdown_or_abort_fail_at_once():
+    out = spawn_ranks(case_calls_after_the_end, 2, timeout=90)[0]
+    assert len(out) == 8, out
+    for call, (elapsed, msg) in out.items():
+        how = call.split("/")[0]
+        assert elapsed < 1.0 and msg.startswith("DistBackendError"), (call, elapsed, msg)
+        assert "rank 0" in msg and ("shut down" if how == "shutdown" else "aborted") in msg, (call, msg)
+        assert "create a new group" in msg, (call, msg)
 
 
 # ---------------------------------------------------------------- isolation

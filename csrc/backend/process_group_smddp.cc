@@ -221,9 +221,19 @@ std::string ProcessGroupSMDDP::describe() const {
 
 // ------------------------------------------------------------ plumbing
 
+void ProcessGroupSMDDP::checkOpen(const char* op) const {
+  if (!shut_down_.load()) {
+    return;
+  }
+  TORCH_CHECK_WITH(DistBackendError, false, where(op), "the group was ",
+                   aborted_.load() ? "aborted on this rank (abort())" : "shut down on this rank (shutdown() or "
+                   "destroy_process_group)", ": create a new group to go on");
+}
+
 c10::intrusive_ptr<::c10d::Backend> ProcessGroupSMDDP::fallbackFor(
     c10::DeviceType device,
     const char* op) const {
+  checkOpen(op);
   auto fb = fallback(device);
   TORCH_CHECK(
       fb,
@@ -471,6 +481,7 @@ ProcessGroupSMDDP::Route ProcessGroupSMDDP::route(
     const char* op,
     const std::vector<at::Tensor>& tensors,
     const ::c10d::ReduceOp* reduce_op) const {
+  checkOpen(op);
   if (tensors.empty() || !tensors[0].defined()) {
     return Route::kFallback;
   }
@@ -1062,6 +1073,7 @@ c10::intrusive_ptr<::c10d::Work> ProcessGroupSMDDP::reduce_scatter(
 
 c10::intrusive_ptr<::c10d::Work> ProcessGroupSMDDP::barrier(const ::c10d::BarrierOptions& opts) {
   static const char* kOp = "barrier";
+  checkOpen(kOp);
   if (!communicator_) {
     return fallbackFor(c10::DeviceType::CPU, kOp)->barrier(opts);
   }
@@ -1185,6 +1197,7 @@ void ProcessGroupSMDDP::monitoredBarrier(const ::c10d::BarrierOptions& opts, boo
 // ------------------------------------------------------------ lifecycle
 
 void ProcessGroupSMDDP::abort() {
+  aborted_.store(true);
   if (communicator_) {
     communicator_->interrupt(str("rank ", rank_, " aborted the group"));
   }

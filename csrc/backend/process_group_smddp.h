@@ -297,6 +297,10 @@ class ProcessGroupSMDDP : public ::c10d::Backend {
   Where where(const char* op) const {
     return Where{op, rank_, size_};
   }
+  // Raises DistBackendError once the group was shut down or aborted on this
+  // rank: a call then must not reach the fallback, still open, which would
+  // wait for peers that have moved on.
+  void checkOpen(const char* op) const;
 
   const std::string group_name_;
   std::vector<int64_t> global_ranks_;
@@ -320,6 +324,7 @@ class ProcessGroupSMDDP : public ::c10d::Backend {
   std::exception_ptr fatal_;  // first communication error (sticky)
   std::atomic<bool> broken_{false};
   std::atomic<bool> shut_down_{false};
+  std::atomic<bool> aborted_{false};
 };
 
 
