@@ -1207,14 +1207,14 @@ void ProcessGroupSMDDP::abort() {
       device_->abort(str("rank ", rank_, " aborted the group"));
     }
   }
-  shutdown();
-  std::lock_guard<std::mutex> lock(mu_);
-  for (auto& kv : fallbacks_) {
-    kv.second->abort();
-  }
+  close(/*graceful=*/false);
 }
 
 void ProcessGroupSMDDP::shutdown() {
+  close(/*graceful=*/true);
+}
+
+void ProcessGroupSMDDP::close(bool graceful) {
   if (shut_down_.exchange(true)) {
     return;
   }
@@ -1226,8 +1226,14 @@ void ProcessGroupSMDDP::shutdown() {
     std::lock_guard<std::mutex> lock(mu_);
     fallbacks = fallbacks_;
   }
+  // An abort does not wait for the fallbacks either (a graceful shutdown
+  // of nccl's would wait for its pending work, which may never end).
   for (auto& kv : fallbacks) {
-    kv.second->shutdown();
+    if (graceful) {
+      kv.second->shutdown();
+    } else {
+      kv.second->abort();
+    }
   }
   {
     // After the executor: no device collective is being enqueued.

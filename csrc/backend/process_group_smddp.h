@@ -301,6 +301,8 @@ class ProcessGroupSMDDP : public ::c10d::Backend {
   // rank: a call then must not reach the fallback, still open, which would
   // wait for peers that have moved on.
   void checkOpen(const char* op) const;
+  // What shutdown() (graceful) and abort() end with; the first call only.
+  void close(bool graceful);
 
   const std::string group_name_;
   std::vector<int64_t> global_ranks_;
