@@ -140,7 +140,7 @@ void RingCommunicator::interrupt(const std::string& why) {
   if (arena_) {
     arena_->abort(why);
   }
-  mesh_->shutdownAll();
+  mesh_->shutdownAll(why);
 }
 
 std::string RingCommunicator::describe() const {

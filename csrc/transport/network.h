@@ -53,8 +53,9 @@ class Mesh {
   // From the thread that drives the channels: tell every peer why this rank
   // fails (best effort, never throws).
   virtual void sendAbortAll(const std::string& why) = 0;
-  // From any thread: cut every connection so that blocked work fails now.
-  virtual void shutdownAll() = 0;
+  // From any thread: cut every connection so that blocked work fails now,
+  // with `why` (this rank's own cause) rather than as a lost peer.
+  virtual void shutdownAll(const std::string& why) = 0;
   // The NIC every connection of this mesh is bound to.
   virtual const Nic& nic() const = 0;
   // For the schedules' messages: "rank 2 (other node, 198.18.0.2:40113)

@@ -229,7 +229,7 @@ void Stages::interrupt(const std::string& why) {
   cancel_.store(true);
   wakeRail();
   arena_->abort(why);
-  mesh_->shutdownAll();
+  mesh_->shutdownAll(why);
 }
 
 } // namespace smddp::algorithm::hierarchical

@@ -95,6 +95,13 @@ void SocketChannel::finish(std::deque<bool>* flags, uint64_t* base, uint64_t* do
 }
 
 void SocketChannel::lost(const std::string& what, int err) {
+  {
+    // This rank cut the connection itself: its cause, not the peer's.
+    std::lock_guard<std::mutex> lock(shut_mu_);
+    if (!shut_why_.empty()) {
+      SMDDP_THROW(kAborted, shut_why_);
+    }
+  }
   // A cut link shows as a timeout or an unreachable peer; a peer that
   // exited, as a closed or reset connection.
   const bool path = err == ETIMEDOUT || err == EHOSTUNREACH || err == ENETUNREACH || err == ENETDOWN;
@@ -323,7 +330,11 @@ void SocketChannel::sendAbort(const std::string& why) {
   }
 }
 
-void SocketChannel::shutdown() {
+void SocketChannel::shutdown(const std::string& why) {
+  {
+    std::lock_guard<std::mutex> lock(shut_mu_);
+    shut_why_ = why.empty() ? std::string("this rank closed the connections") : why;
+  }
   for (Stream& s : streams_) {
     ::shutdown(s.fd.get(), SHUT_RDWR);
   }
@@ -797,9 +808,9 @@ void SocketMesh::sendAbortAll(const std::string& why) {
   }
 }
 
-void SocketMesh::shutdownAll() {
+void SocketMesh::shutdownAll(const std::string& why) {
   for (auto& [p, c] : channels_) {
-    c->shutdown();
+    c->shutdown(why);
   }
 }
 

@@ -41,6 +41,7 @@
 #include <deque>
 #include <map>
 #include <memory>
+#include <mutex>
 #include <string>
 #include <vector>
 
@@ -84,7 +85,9 @@ class SocketChannel : public Channel {
   // Throws kPeerLost when this channel has work outstanding and its NIC is
   // down, or what it sent went unacknowledged for the stall time.
   void checkPeer() override;
-  void shutdown();
+  // From any thread: cuts the connection; what fails on it then fails with
+  // `why` (kAborted).
+  void shutdown(const std::string& why);
   // "rank 2 (other node, 198.18.0.2:40113) from nic0 (198.18.0.1)".
   std::string describe() const;
 
@@ -142,6 +145,9 @@ class SocketChannel : public Channel {
   std::deque<bool> recv_flags_;
   uint64_t send_base_ = 0;
   uint64_t recv_base_ = 0;
+  // Why this rank cut the connections (shutdown()); set from any thread.
+  std::mutex shut_mu_;
+  std::string shut_why_;
 };
 
 class SocketMesh : public Mesh {
@@ -190,7 +196,7 @@ class SocketMesh : public Mesh {
     return channels_.count(peer) != 0;
   }
   void sendAbortAll(const std::string& why) override;
-  void shutdownAll() override;
+  void shutdownAll(const std::string& why) override;
   const std::string& listenAddress() const {
     return listen_address_;
   }
