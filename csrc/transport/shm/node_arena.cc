@@ -201,17 +201,28 @@ NodeArena::NodeArena(
   slots_ = static_cast<uint8_t*>(segment_->data()) + slotsOffset(local_size_);
   initControl();
   waitAttached(deadline);
-  if (local_rank_ == 0) {
-    // Everybody has mapped it: the name is no longer needed.
-    segment_->unlinkName();
+  try {
+    if (local_rank_ == 0) {
+      // Everybody has mapped it: the name is no longer needed.
+      segment_->unlinkName();
+    }
+    probeSingleCopy(deadline);
+  } catch (...) {
+    // No destructor runs for a constructor that throws.
+    closePidfds();
+    throw;
   }
-  probeSingleCopy(deadline);
 }
 
 NodeArena::~NodeArena() {
-  for (int fd : pidfds_) {
+  closePidfds();
+}
+
+void NodeArena::closePidfds() {
+  for (int& fd : pidfds_) {
     if (fd >= 0) {
       ::close(fd);
+      fd = -1;
     }
   }
 }

@@ -197,6 +197,7 @@ class NodeArena {
   // The arena's abort flag, once a rank writing its message is done (or
   // after a bounded wait for it).
   uint32_t abortState() const;
+  void closePidfds();
   void waitAttached(const Deadline& deadline);
   void probeSingleCopy(const Deadline& deadline);
   void allowNodePeersToRead();
