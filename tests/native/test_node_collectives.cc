@@ -397,6 +397,61 @@ SMDDP_TEST(slot_too_small_for_the_node_fails_on_every_rank) {
   });
 }
 
+namespace {
+
+// A store that hands a rank a segment name that does not exist, as if its
+// /dev/shm were another (a container of its own) or shm_open were refused.
+class WrongSegmentStore : public Store {
+ public:
+  explicit WrongSegmentStore(Store& inner) : inner_(inner) {}
+  void set(const std::string& key, const std::vector<uint8_t>& value) override {
+    inner_.set(key, value);
+  }
+  std::vector<uint8_t> get(const std::string& key) override {
+    std::vector<uint8_t> value = inner_.get(key);
+    return key == "arena" ? taggedValue(toBytes("/smddp-test-no-such-segment")) : value;
+  }
+  int64_t add(const std::string& key, int64_t delta) override {
+    return inner_.add(key, delta);
+  }
+  bool check(const std::string& key) override {
+    return inner_.check(key);
+  }
+
+ private:
+  Store& inner_;
+};
+
+} // namespace
+
+SMDDP_TEST(a_rank_that_cannot_map_the_segment_fails_its_node_at_once) {
+  // Local rank 2 cannot map the node's segment: ranks 0 and 1, waiting for
+  // every rank to map it, fail within seconds naming it and why, not at
+  // the timeout with a count; and nothing is left in /dev/shm.
+  const int before = countShmEntries();
+  std::string dir = ::smddp::test::tempDir();
+  ::smddp::test::runRanks(3, [&](int rank) {
+    ::smddp::test::DirStore files(dir);
+    WrongSegmentStore wrong(files);
+    Store& store = rank == 2 ? static_cast<Store&>(wrong) : files;
+    NodeArena::Options o = smallSlots();
+    o.timeout = std::chrono::seconds(30);
+    const auto start = std::chrono::steady_clock::now();
+    std::string what;
+    try {
+      NodeArena arena(store, "arena", rank, iota(3), o);
+    } catch (const Error& e) {
+      what = e.what();
+    }
+    EXPECT_TRUE(std::chrono::steady_clock::now() - start < std::chrono::seconds(6));
+    EXPECT_TRUE(what.find("smddp-test-no-such-segment") != std::string::npos);
+    if (rank != 2) {
+      EXPECT_TRUE(what.find("local rank 2 (rank 2) could not map the node's shared memory") != std::string::npos);
+    }
+  }, std::chrono::seconds(60));
+  EXPECT_EQ(countShmEntries(), before);
+}
+
 SMDDP_TEST(the_nearest_common_ancestor_of_sibling_ranks_is_their_launcher) {
   // Under Yama's ptrace_scope 1 each rank declares this ancestor as its
   // tracer, so that its siblings may read its memory.

@@ -174,7 +174,19 @@ NodeArena::NodeArena(
           why);
     }
     const std::string name = toString(published);
-    segment_ = SharedSegment::attach(name, total);
+    try {
+      segment_ = SharedSegment::attach(name, total);
+    } catch (const Error& e) {
+      // The node's other ranks wait for this one to map it: tell them why
+      // it will not, so that they fail now rather than at the timeout.
+      try {
+        storeSetFirst(store, key + "/failed", toBytes(str("local rank ", local_rank_, " (rank ", group_ranks_[local_rank_],
+                                                          ") could not map the node's shared memory: ", e.what())));
+      } catch (const std::exception&) {
+        // The store failing too: this rank's own error is the one to raise.
+      }
+      throw;
+    }
     header_ = static_cast<ArenaHeader*>(segment_->data());
     if (header_->magic != kMagic || header_->version != kVersion ||
         header_->local_size != static_cast<uint32_t>(local_size_) ||
@@ -200,7 +212,18 @@ NodeArena::NodeArena(
   pairs_ = reinterpret_cast<PairLine*>(static_cast<uint8_t*>(segment_->data()) + pairsOffset(local_size_));
   slots_ = static_cast<uint8_t*>(segment_->data()) + slotsOffset(local_size_);
   initControl();
-  waitAttached(deadline);
+  // A rank that cannot map the segment says so in the store; looked for
+  // seldom, so that a node's waiting ranks do not load it.
+  uint64_t next_look_ns = 0;
+  waitAttached(deadline, [&] {
+    if (nowNs() < next_look_ns) {
+      return;
+    }
+    next_look_ns = nowNs() + 500 * 1000000ull;
+    if (store.check(key + "/failed")) {
+      SMDDP_THROW(kComm, toString(store.get(key + "/failed")));
+    }
+  });
   try {
     if (local_rank_ == 0) {
       // Everybody has mapped it: the name is no longer needed.
@@ -238,7 +261,7 @@ void NodeArena::initControl() {
   }
 }
 
-void NodeArena::waitAttached(const Deadline& deadline) {
+void NodeArena::waitAttached(const Deadline& deadline, const WaitCheck& check) {
   // Each rank rings every bell after attaching, so waiting on ours works.
   waitUntil(
       controls_[local_rank_].bell,
@@ -248,7 +271,7 @@ void NodeArena::waitAttached(const Deadline& deadline) {
       },
       options_.wait,
       deadline,
-      nullptr,
+      check,
       [&] {
         return str(
             "the ranks of this node to map the shared-memory segment (",

@@ -198,7 +198,7 @@ class NodeArena {
   // after a bounded wait for it).
   uint32_t abortState() const;
   void closePidfds();
-  void waitAttached(const Deadline& deadline);
+  void waitAttached(const Deadline& deadline, const WaitCheck& check);
   void probeSingleCopy(const Deadline& deadline);
   void allowNodePeersToRead();
   std::string describePeer(int l) const;
