@@ -403,6 +403,35 @@ def test_config_must_agree(failure_pool, var: str, values: list[str]) -> None:
         assert res["after_world"] is None, f"rank {rank}: the default group broke: {res['after_world']}"
 
 
+def case_subgroup_bad_setting() -> dict:
+    """new_group([1, 2]) with a bad SMDDP_CHUNK_BYTES on global rank 2."""
+    _setup()
+    old = os.environ.pop("SMDDP_CHUNK_BYTES", None)
+    if dist.get_rank() == 2:
+        os.environ["SMDDP_CHUNK_BYTES"] = "lots"
+    try:
+        created = _outcome(lambda: dist.new_group([1, 2], backend="smddp", timeout=datetime.timedelta(seconds=20)))
+    finally:
+        os.environ.pop("SMDDP_CHUNK_BYTES", None)
+        if old is not None:
+            os.environ["SMDDP_CHUNK_BYTES"] = old
+    return created
+
+
+@pytest.mark.timeout(90, func_only=True)
+def test_a_subgroup_s_set_up_errors_name_global_ranks(failure_pool) -> None:
+    """In a sub-group, a rank's place in it is not the rank a user knows:
+    the errors name both, and the group."""
+    results = failure_pool.run(case_subgroup_bad_setting, timeout=60)
+    assert results[0]["error"] is None, results[0]
+    for rank, place in ((1, 0), (2, 1)):
+        c = results[rank]
+        assert c["error"] == "ValueError", f"rank {rank}: {c}"
+        prefix = f"ProcessGroupSMDDP (rank {place} (global rank {rank}) of 2, group '"
+        assert c["message"].startswith(prefix), f"rank {rank}: {c['message'][:300]}"
+    assert "rank 1 (global rank 2) could not set up the group: " in results[1]["message"], results[1]["message"][:400]
+
+
 @pytest.mark.timeout(90, func_only=True)
 @pytest.mark.parametrize(
     "var, value",

@@ -76,7 +76,13 @@ ProcessGroupSMDDP::ProcessGroupSMDDP(
     options_->global_ranks_in_group.push_back(static_cast<uint64_t>(g));
   }
   // How the set-up's communication failures begin.
-  const std::string failed_here = str("ProcessGroupSMDDP (rank ", rank, " of ", size, ", group '", group_name_, "'): ");
+  // A sub-group's ranks are named by their place in it, and, where that
+  // differs, by their global rank too: the one a user knows them by.
+  auto whoIs = [&](int r) {
+    const int64_t global = static_cast<size_t>(r) < global_ranks_.size() ? global_ranks_[static_cast<size_t>(r)] : r;
+    return global == r ? str("rank ", r) : str("rank ", r, " (global rank ", global, ")");
+  };
+  const std::string failed_here = str("ProcessGroupSMDDP (", whoIs(rank), " of ", size, ", group '", group_name_, "'): ");
   try {
     // The first key every rank touches: the n-th creation of a group of
     // these members on this store is generation n / size, and no rank can
@@ -100,7 +106,7 @@ ProcessGroupSMDDP::ProcessGroupSMDDP(
   const std::string kCreated = "smddp/created";
   auto tellOthers = [&](const std::string& why) {
     try {
-      storeBarrierFailed(st, kCreated, size, str("rank ", rank, " could not set up the group: ", why));
+      storeBarrierFailed(st, kCreated, size, str(whoIs(rank), " could not set up the group: ", why));
     } catch (const std::exception&) {
       // The store failing too: this rank's own error is the one to raise.
     }
@@ -119,10 +125,10 @@ ProcessGroupSMDDP::ProcessGroupSMDDP(
       // The store failing too: this rank's own error is the one to raise.
     }
     tellOthers(e.what());
-    TORCH_CHECK_VALUE(false, "ProcessGroupSMDDP (rank ", rank, "): ", e.what());
+    TORCH_CHECK_VALUE(false, failed_here, e.what());
   }
   try {
-    config_.checkAgreement(st, "smddp/config", rank, size);
+    config_.checkAgreement(st, "smddp/config", rank, size, whoIs);
     const int global_rank =
         global_ranks_.empty() ? rank : static_cast<int>(global_ranks_[static_cast<size_t>(rank)]);
     const topology::Placement placement =
@@ -143,7 +149,7 @@ ProcessGroupSMDDP::ProcessGroupSMDDP(
       nic_failure = e.what();
     }
     const std::string failed_nic = storeBarrier(
-        st, "smddp/nic-chosen", size, nic_failure.empty() ? "" : str("rank ", rank, " could not set up the group: ", nic_failure));
+        st, "smddp/nic-chosen", size, nic_failure.empty() ? "" : str(whoIs(rank), " could not set up the group: ", nic_failure));
     if (!nic_failure.empty()) {
       SMDDP_THROW(kConfig, nic_failure);
     }
@@ -156,7 +162,7 @@ ProcessGroupSMDDP::ProcessGroupSMDDP(
     tellOthers(e.what());
     // A user's setting (differing between ranks, or naming no NIC of the
     // host) is a ValueError; anything else failed to communicate.
-    TORCH_CHECK_VALUE(e.kind() != ErrorKind::kConfig, "ProcessGroupSMDDP (rank ", rank, "): ", e.what());
+    TORCH_CHECK_VALUE(e.kind() != ErrorKind::kConfig, failed_here, e.what());
     TORCH_CHECK_WITH(DistBackendError, false, failed_here, "set-up failed: ", e.what());
   } catch (const std::exception& e) {
     tellOthers(e.what());

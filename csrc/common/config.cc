@@ -461,8 +461,9 @@ void Config::failAgreement(Store& store, const std::string& key, int rank, const
   storeAllGatherFailed(store, key, rank, failure);
 }
 
-void Config::checkAgreement(Store& store, const std::string& key, int rank, int size) const {
-  auto settings = storeAllGather(store, key, rank, size, toBytes(agreementString()), ErrorKind::kConfig);
+void Config::checkAgreement(Store& store, const std::string& key, int rank, int size,
+                            const std::function<std::string(int)>& name_of) const {
+  auto settings = storeAllGather(store, key, rank, size, toBytes(agreementString()), ErrorKind::kConfig, name_of);
   for (int r = 0; r < size; ++r) {
     const std::string diff = describeDifference(toString(settings[0]), toString(settings[static_cast<size_t>(r)]));
     if (!diff.empty()) {

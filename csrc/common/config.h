@@ -264,7 +264,8 @@ struct Config {
   // Collective over a group: every rank must run the same schedules, so
   // their agreed settings must be equal. Throws Error(kConfig) on every
   // rank, naming the two ranks and the knobs that differ.
-  void checkAgreement(Store& store, const std::string& key, int rank, int size) const;
+  void checkAgreement(Store& store, const std::string& key, int rank, int size,
+                      const std::function<std::string(int)>& name_of = nullptr) const;
   // The same exchange for a rank that could not read its settings: it
   // publishes `failure` (the error) in their place, so that every rank
   // throws Error(kConfig) at once, naming it, instead of waiting for it.

@@ -48,7 +48,8 @@ std::vector<std::vector<uint8_t>> storeAllGather(
     int rank,
     int size,
     const std::vector<uint8_t>& mine,
-    ErrorKind peer_failed) {
+    ErrorKind peer_failed,
+    const std::function<std::string(int)>& name_of) {
   store.set(partKey(prefix, rank), taggedValue(mine));
   std::vector<std::string> keys;
   keys.reserve(static_cast<size_t>(size));
@@ -67,7 +68,7 @@ std::vector<std::vector<uint8_t>> storeAllGather(
     }
     std::string why;
     if (!untag(theirs[static_cast<size_t>(i++)], &all[static_cast<size_t>(r)], &why)) {
-      throw Error(peer_failed, str("rank ", r, " could not set up the group: ", why));
+      throw Error(peer_failed, str(name_of ? name_of(r) : str("rank ", r), " could not set up the group: ", why));
     }
   }
   return all;

@@ -7,6 +7,7 @@
 
 #include <chrono>
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <string>
 #include <vector>
@@ -51,14 +52,16 @@ bool untag(const std::vector<uint8_t>& entry, std::vector<uint8_t>* value, std::
 // indexed by rank. A rank that failed before the exchange publishes its
 // error instead (storeAllGatherFailed) and raises its own; the others then
 // throw Error(`peer_failed`) at once, naming it, instead of waiting for its
-// part until the store's timeout.
+// part until the store's timeout. `name_of` names a rank in that error
+// ("rank R" if not given).
 std::vector<std::vector<uint8_t>> storeAllGather(
     Store& store,
     const std::string& prefix,
     int rank,
     int size,
     const std::vector<uint8_t>& mine,
-    ErrorKind peer_failed = ErrorKind::kComm);
+    ErrorKind peer_failed = ErrorKind::kComm,
+    const std::function<std::string(int)>& name_of = nullptr);
 void storeAllGatherFailed(Store& store, const std::string& prefix, int rank, const std::string& failure);
 
 // Sets `key` unless a rank set it first through this call (the first value
