@@ -554,17 +554,22 @@ def case_new_group() -> None:
 
 @pytest.mark.timeout(90, func_only=True)
 def test_stale_segments_are_swept(pools) -> None:
-    """A new group removes entries whose creator is gone, and only those."""
+    """A new group removes entries whose creator is gone, and only those;
+    an entry made in another pid namespace (a container that shares
+    /dev/shm but not pids) is not judged by this one's pids, and stays."""
     uid = os.getuid()
     gone = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True)
     dead_pid = int(gone.stdout)
     with open(f"/proc/{os.getpid()}/stat") as f:
         my_start = int(f.read().rsplit(")", 1)[1].split()[19])
+    ns = os.stat("/proc/self/ns/pid").st_ino
     token = os.urandom(16).hex()
-    stale = f"smddp-{uid}-{dead_pid}-12345-{token}"
-    reused = f"smddp-{uid}-{os.getpid()}-{my_start + 1}-{token}"  # the pid was recycled
-    alive = f"smddp-{uid}-{os.getpid()}-{my_start}-{token}"
-    paths = [os.path.join(SHM_DIR, n) for n in (stale, reused, alive)]
+    stale = f"smddp-{uid}-{dead_pid}-12345-{ns}-{token}"
+    reused = f"smddp-{uid}-{os.getpid()}-{my_start + 1}-{ns}-{token}"  # the pid was recycled
+    older = f"smddp-{uid}-{dead_pid}-12345-{token}"  # named without its namespace
+    alive = f"smddp-{uid}-{os.getpid()}-{my_start}-{ns}-{token}"
+    foreign = f"smddp-{uid}-{dead_pid}-12345-{ns + 1}-{token}"
+    paths = [os.path.join(SHM_DIR, n) for n in (stale, reused, older, alive, foreign)]
     try:
         for p in paths:
             with open(p, "wb") as f:
@@ -573,7 +578,9 @@ def test_stale_segments_are_swept(pools) -> None:
         pools(2).run(case_new_group, timeout=60)
         assert not os.path.exists(paths[0]), "an entry of a process that is gone was not removed"
         assert not os.path.exists(paths[1]), "an entry of a recycled pid (other start time) was not removed"
-        assert os.path.exists(paths[2]), "the entry of a live process was removed"
+        assert not os.path.exists(paths[2]), "an entry named without its namespace was not removed"
+        assert os.path.exists(paths[3]), "the entry of a live process was removed"
+        assert os.path.exists(paths[4]), "the entry of another pid namespace was removed"
     finally:
         for p in paths:
             if os.path.exists(p):

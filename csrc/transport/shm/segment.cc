@@ -75,16 +75,33 @@ void reservePages(int fd, size_t bytes, const std::string& name) {
           errnoString(err), room));
 }
 
+// The pid namespace's inode (0 if unknown): a pid means something only in
+// the namespace it was given in.
+unsigned long long pidNamespace() {
+  struct stat st {};
+  return ::stat("/proc/self/ns/pid", &st) == 0 ? static_cast<unsigned long long>(st.st_ino) : 0;
+}
+
 int sweepOne(const std::string& entry) {
-  // entry: smddp-<uid>-<pid>-<start>-<token>
+  // entry: smddp-<uid>-<pid>-<start>-<pid namespace>-<token>, or without
+  // the namespace (named by an older smddp: judged in this one).
   int pid = 0;
   unsigned long long start = 0;
+  unsigned long long ns = 0;
   unsigned uid = 0;
   char token[64] = {0};
-  if (std::sscanf(entry.c_str(), "smddp-%u-%d-%llu-%63s", &uid, &pid, &start, token) != 4) {
-    return 0;
+  if (std::sscanf(entry.c_str(), "smddp-%u-%d-%llu-%llu-%63s", &uid, &pid, &start, &ns, token) != 5) {
+    ns = 0;
+    if (std::sscanf(entry.c_str(), "smddp-%u-%d-%llu-%63s", &uid, &pid, &start, token) != 4) {
+      return 0;
+    }
   }
   if (uid != ::getuid() || pid <= 0) {
+    return 0;
+  }
+  // Made in another pid namespace (a container that shares /dev/shm but not
+  // pids): its pid says nothing here, and the segment may be a live job's.
+  if (ns != 0 && ns != pidNamespace()) {
     return 0;
   }
   unsigned long long now_start = processStartTime(pid);
@@ -170,7 +187,7 @@ SharedSegment::SharedSegment(std::string name, void* data, size_t size, bool own
 std::unique_ptr<SharedSegment> SharedSegment::create(size_t bytes) {
   const int pid = static_cast<int>(::getpid());
   std::string name = str(
-      "/", prefixForUser(), pid, "-", processStartTime(pid), "-", randomToken());
+      "/", prefixForUser(), pid, "-", processStartTime(pid), "-", pidNamespace(), "-", randomToken());
   int fd = ::shm_open(name.c_str(), O_CREAT | O_EXCL | O_RDWR, 0600);
   SMDDP_SYSCHECK(fd, "shm_open(", name, ") for a new segment");
   // The mode given to shm_open is filtered by the umask; make sure.

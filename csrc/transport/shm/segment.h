@@ -1,12 +1,13 @@
 // A POSIX shared-memory segment private to this user and this job.
 //
-// Names are /smddp-<uid>-<creator pid>-<creator start time>-<128-bit random
-// token>: nobody can guess them, and the mode is 0600. The creator removes
-// the name as soon as every rank has mapped the segment, so after set-up
-// nothing is left in /dev/shm even if the job is killed; the memory lives as
-// long as a mapping does. Names left by a job that died during set-up are
-// removed by sweepStaleSegments(), which every new group runs first: a name
-// whose creator process no longer exists (pid and start time) goes.
+// Names are /smddp-<uid>-<creator pid>-<creator start time>-<creator pid
+// namespace>-<128-bit random token>: nobody can guess them, and the mode is
+// 0600. The creator removes the name as soon as every rank has mapped the
+// segment, so after set-up nothing is left in /dev/shm even if the job is
+// killed; the memory lives as long as a mapping does. Names left by a job
+// that died during set-up are removed by sweepStaleSegments(), which every
+// new group runs first: a name of this pid namespace whose creator process
+// no longer exists (pid and start time) goes.
 #pragma once
 
 #include <cstddef>

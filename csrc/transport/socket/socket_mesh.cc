@@ -568,7 +568,6 @@ SocketMesh::SocketMesh(
     }
   };
 
-
   SipKey secret;
   if (rank == 0) {
     // Before anything that can fail: every rank of the mesh waits for it.
