@@ -41,6 +41,39 @@ class DirStore : public Store {
   std::chrono::milliseconds timeout_;
 };
 
+// A store that answers `key` with `value` at once, as if this rank had been
+// handed something else there (a wrong address, a segment it cannot map);
+// every other key is the inner store's.
+class LyingStore : public Store {
+ public:
+  LyingStore(Store& inner, std::string key, std::vector<uint8_t> value)
+      : inner_(inner), key_(std::move(key)), value_(std::move(value)) {}
+  void set(const std::string& key, const std::vector<uint8_t>& value) override {
+    inner_.set(key, value);
+  }
+  std::vector<uint8_t> get(const std::string& key) override {
+    return key == key_ ? value_ : inner_.get(key);
+  }
+  std::vector<std::vector<uint8_t>> getAll(const std::vector<std::string>& keys) override {
+    std::vector<std::vector<uint8_t>> out;
+    for (const auto& k : keys) {
+      out.push_back(get(k));
+    }
+    return out;
+  }
+  int64_t add(const std::string& key, int64_t delta) override {
+    return inner_.add(key, delta);
+  }
+  bool check(const std::string& key) override {
+    return key == key_ || inner_.check(key);
+  }
+
+ private:
+  Store& inner_;
+  std::string key_;
+  std::vector<uint8_t> value_;
+};
+
 // A fresh temporary directory (removed at exit of the test binary).
 std::string tempDir();
 

@@ -397,33 +397,6 @@ SMDDP_TEST(slot_too_small_for_the_node_fails_on_every_rank) {
   });
 }
 
-namespace {
-
-// A store that hands a rank a segment name that does not exist, as if its
-// /dev/shm were another (a container of its own) or shm_open were refused.
-class WrongSegmentStore : public Store {
- public:
-  explicit WrongSegmentStore(Store& inner) : inner_(inner) {}
-  void set(const std::string& key, const std::vector<uint8_t>& value) override {
-    inner_.set(key, value);
-  }
-  std::vector<uint8_t> get(const std::string& key) override {
-    std::vector<uint8_t> value = inner_.get(key);
-    return key == "arena" ? taggedValue(toBytes("/smddp-test-no-such-segment")) : value;
-  }
-  int64_t add(const std::string& key, int64_t delta) override {
-    return inner_.add(key, delta);
-  }
-  bool check(const std::string& key) override {
-    return inner_.check(key);
-  }
-
- private:
-  Store& inner_;
-};
-
-} // namespace
-
 SMDDP_TEST(a_rank_that_cannot_map_the_segment_fails_its_node_at_once) {
   // Local rank 2 cannot map the node's segment: ranks 0 and 1, waiting for
   // every rank to map it, fail within seconds naming it and why, not at
@@ -432,7 +405,9 @@ SMDDP_TEST(a_rank_that_cannot_map_the_segment_fails_its_node_at_once) {
   std::string dir = ::smddp::test::tempDir();
   ::smddp::test::runRanks(3, [&](int rank) {
     ::smddp::test::DirStore files(dir);
-    WrongSegmentStore wrong(files);
+    // A name that does not exist, as if its /dev/shm were another (a
+    // container of its own) or shm_open were refused.
+    ::smddp::test::LyingStore wrong(files, "arena", taggedValue(toBytes("/smddp-test-no-such-segment")));
     Store& store = rank == 2 ? static_cast<Store&>(wrong) : files;
     NodeArena::Options o = smallSlots();
     o.timeout = std::chrono::seconds(30);

@@ -438,40 +438,6 @@ SMDDP_TEST(an_unanswered_connection_fails_after_the_patience) {
   EXPECT_TRUE(calls >= 3);  // while the attempt waits
 }
 
-namespace {
-
-// A store that hands rank 0 a wrong address for rank 1 (a closed port): a
-// path that refuses, as a firewall or a NIC the hosts do not share would.
-class WrongAddressStore : public Store {
- public:
-  WrongAddressStore(Store& inner, std::string wrong) : inner_(inner), wrong_(std::move(wrong)) {}
-  void set(const std::string& key, const std::vector<uint8_t>& value) override {
-    inner_.set(key, value);
-  }
-  std::vector<uint8_t> get(const std::string& key) override {
-    return key == "mesh/addr/1" ? taggedValue(toBytes(wrong_)) : inner_.get(key);
-  }
-  std::vector<std::vector<uint8_t>> getAll(const std::vector<std::string>& keys) override {
-    std::vector<std::vector<uint8_t>> out;
-    for (const auto& k : keys) {
-      out.push_back(get(k));
-    }
-    return out;
-  }
-  int64_t add(const std::string& key, int64_t delta) override {
-    return inner_.add(key, delta);
-  }
-  bool check(const std::string& key) override {
-    return inner_.check(key);
-  }
-
- private:
-  Store& inner_;
-  std::string wrong_;
-};
-
-} // namespace
-
 SMDDP_TEST(a_rank_that_cannot_connect_fails_every_rank_of_its_mesh_at_once) {
   // Rank 0 cannot reach rank 1; rank 1 waits for rank 0's connections, and
   // rank 2 for rank 0's and rank 1's: every rank fails within seconds of
@@ -480,7 +446,9 @@ SMDDP_TEST(a_rank_that_cannot_connect_fails_every_rank_of_its_mesh_at_once) {
   const std::string wrong = closedPort().str();
   ::smddp::test::runRanks(3, [&](int rank) {
     ::smddp::test::DirStore files(dir);
-    WrongAddressStore lying(files, wrong);
+    // Rank 0 is handed a closed port for rank 1: a path that refuses, as a
+    // firewall or a NIC the hosts do not share would.
+    ::smddp::test::LyingStore lying(files, "mesh/addr/1", taggedValue(toBytes(wrong)));
     Store& store = rank == 0 ? static_cast<Store&>(lying) : files;
     SocketMesh::Options o;
     o.peer_hint = "127.0.0.1";
@@ -528,21 +496,30 @@ SMDDP_TEST(a_peer_that_never_connects_is_named_at_the_timeout) {
   }
 }
 
-SMDDP_TEST(listeners_take_free_ports_of_a_range) {
-  // A firewall admits only some ports: each listener takes a free one of
-  // them, and when none is left the error says what to widen. Two adjacent
-  // ports found free first (held, then let go).
-  int low = 0;
-  for (int tries = 0; tries < 50 && low == 0; ++tries) {
+namespace {
+
+// The lower of two adjacent loopback ports found free (held, then let go); 0
+// if none were found.
+int adjacentFreePorts() {
+  for (int tries = 0; tries < 50; ++tries) {
     SockAddr a = SockAddr::parse("127.0.0.1:0");
     Fd first = listenOn(&a);
     SockAddr b = SockAddr::parse("127.0.0.1:0");
     b.setPort(a.port() + 1);
     Fd second(::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0));
     if (a.port() < 65535 && ::bind(second.get(), reinterpret_cast<const sockaddr*>(&b.storage), b.len) == 0) {
-      low = a.port();
+      return a.port();
     }
   }
+  return 0;
+}
+
+} // namespace
+
+SMDDP_TEST(listeners_take_free_ports_of_a_range) {
+  // A firewall admits only some ports: each listener takes a free one of
+  // them, and when none is left the error says what to widen.
+  const int low = adjacentFreePorts();
   EXPECT_TRUE(low > 0);
   const int high = low + 1;
   std::set<int> ports;
@@ -580,17 +557,7 @@ extern "C" int listen(int fd, int backlog) {
 SMDDP_TEST(a_port_another_rank_began_to_listen_on_is_skipped) {
   // Ranks of one host take ports of a range at once: one whose listen()
   // comes second on a port takes the next port of the range.
-  int low = 0;
-  for (int tries = 0; tries < 50 && low == 0; ++tries) {
-    SockAddr a = SockAddr::parse("127.0.0.1:0");
-    Fd first = listenOn(&a);
-    SockAddr b = SockAddr::parse("127.0.0.1:0");
-    b.setPort(a.port() + 1);
-    Fd second(::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0));
-    if (a.port() < 65535 && ::bind(second.get(), reinterpret_cast<const sockaddr*>(&b.storage), b.len) == 0) {
-      low = a.port();
-    }
-  }
+  const int low = adjacentFreePorts();
   EXPECT_TRUE(low > 0);
   listens_to_fail = 1;
   SockAddr got = SockAddr::parse("127.0.0.1:0");
