@@ -183,7 +183,7 @@ ProcessGroupSMDDP::ProcessGroupSMDDP(
       }
     } catch (const std::exception& e) {
       fallback_error = std::current_exception();
-      failure = str("rank ", rank, " could not create the fallback group (SMDDP_FALLBACK=", config_.fallback, "): ",
+      failure = str(whoIs(rank), " could not create the fallback group (SMDDP_FALLBACK=", config_.fallback, "): ",
                     e.what(), ". Fix that rank's error, or set SMDDP_FALLBACK=none on every rank if only smddp's "
                     "native collectives are needed.");
     }
