@@ -82,6 +82,25 @@ bool storeSetFirst(Store& store, const std::string& key, const std::vector<uint8
   return true;
 }
 
+void FailureBoard::publish(const std::string& why) {
+  try {
+    storeSetFirst(store_, key_, toBytes(why));
+  } catch (const std::exception&) {
+  }
+}
+
+void FailureBoard::check(bool now) {
+  const auto t = std::chrono::steady_clock::now();
+  if (!now && t - last_ < every_) {
+    return;
+  }
+  last_ = t;
+  if (store_.check(key_)) {
+    seen_ = true;
+    SMDDP_THROW(kComm, toString(store_.get(key_)));
+  }
+}
+
 namespace {
 
 // Counts this rank into the current round of the barrier (with its failure,

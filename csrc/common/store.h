@@ -68,6 +68,34 @@ void storeAllGatherFailed(Store& store, const std::string& prefix, int rank, con
 // is kept: later ones are often its consequences); whether this one did.
 bool storeSetFirst(Store& store, const std::string& key, const std::vector<uint8_t>& value);
 
+// Why one of the ranks of a set-up step failed, published under a key for
+// the others, who wait for it outside the store (sockets, shared memory):
+// they look for it now and then, seldom enough not to load the store, and
+// raise it, so that all fail at once naming the cause, not at the timeout.
+class FailureBoard {
+ public:
+  FailureBoard(Store& store, std::string key, std::chrono::milliseconds every)
+      : store_(store), key_(std::move(key)), every_(every) {}
+  // Publishes `why` unless a rank did first (the first is kept: later ones
+  // are often its consequences); the store failing too is ignored, as this
+  // rank's own error is the one to raise.
+  void publish(const std::string& why);
+  // Throws Error(kComm) with the published failure, if any; looks at most
+  // every `every` unless `now`.
+  void check(bool now = false);
+  // Whether check() found one.
+  bool seen() const {
+    return seen_;
+  }
+
+ private:
+  Store& store_;
+  std::string key_;
+  std::chrono::milliseconds every_;
+  std::chrono::steady_clock::time_point last_{};
+  bool seen_ = false;
+};
+
 // All `size` ranks arrive before any returns. The key may be used again
 // (a group re-created on the same store): each `size` arrivals are a round
 // of their own. A rank that arrives with a `failure` makes the call return

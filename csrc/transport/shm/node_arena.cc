@@ -119,6 +119,9 @@ NodeArena::NodeArena(
         std::max<size_t>(4096, (least + 63) / 64 * 64));
   }
   const size_t total = totalBytes(local_size_, slot_bytes_);
+  // A rank that cannot map the segment says so here, for the others waiting
+  // until every rank has.
+  FailureBoard failures(store, key + "/failed", std::chrono::milliseconds(500));
   if (local_rank_ == 0) {
     sweepStaleSegments();
     // The node's other ranks wait for the segment's name: on a failure they
@@ -179,12 +182,8 @@ NodeArena::NodeArena(
     } catch (const Error& e) {
       // The node's other ranks wait for this one to map it: tell them why
       // it will not, so that they fail now rather than at the timeout.
-      try {
-        storeSetFirst(store, key + "/failed", toBytes(str("local rank ", local_rank_, " (rank ", group_ranks_[local_rank_],
-                                                          ") could not map the node's shared memory: ", e.what())));
-      } catch (const std::exception&) {
-        // The store failing too: this rank's own error is the one to raise.
-      }
+      failures.publish(str("local rank ", local_rank_, " (rank ", group_ranks_[local_rank_],
+                           ") could not map the node's shared memory: ", e.what()));
       throw;
     }
     header_ = static_cast<ArenaHeader*>(segment_->data());
@@ -212,18 +211,7 @@ NodeArena::NodeArena(
   pairs_ = reinterpret_cast<PairLine*>(static_cast<uint8_t*>(segment_->data()) + pairsOffset(local_size_));
   slots_ = static_cast<uint8_t*>(segment_->data()) + slotsOffset(local_size_);
   initControl();
-  // A rank that cannot map the segment says so in the store; looked for
-  // seldom, so that a node's waiting ranks do not load it.
-  uint64_t next_look_ns = 0;
-  waitAttached(deadline, [&] {
-    if (nowNs() < next_look_ns) {
-      return;
-    }
-    next_look_ns = nowNs() + 500 * 1000000ull;
-    if (store.check(key + "/failed")) {
-      SMDDP_THROW(kComm, toString(store.get(key + "/failed")));
-    }
-  });
+  waitAttached(deadline, [&] { failures.check(); });
   try {
     if (local_rank_ == 0) {
       // Everybody has mapped it: the name is no longer needed.

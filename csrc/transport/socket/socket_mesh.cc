@@ -530,39 +530,24 @@ SocketMesh::SocketMesh(
     : nic_(options.nic.empty() ? chooseNic("", 0, 1, options.peer_hint) : options.nic) {
   const Deadline deadline = Deadline::after(options.timeout);
   const int streams = std::max(1, options.streams);
-  const std::string failed_key = key + "/failed";
-  // A rank whose part fails tells the others through the store (the first
-  // failure is kept), and each one waiting for a connection looks there now
-  // and then: so that all fail at once naming it, not at the group's timeout.
+  // A rank whose part fails tells the others through the store, and each
+  // one waiting for a connection looks there now and then.
+  FailureBoard failures(store, key + "/failed", kFailureCheckInterval);
+  // Whether this rank learnt of another's failure from its address (which
+  // is then the one to raise, not to publish again).
   bool told = false;
   auto publishFailure = [&](const std::string& why) {
-    if (told) {
-      return;
-    }
-    try {
-      storeSetFirst(store, failed_key, toBytes(str("rank ", rank, " could not connect to its peers on other nodes: ", why)));
-    } catch (const std::exception&) {
-      // The store failing too: this rank's own error is the one to raise.
-    }
-  };
-  Clock::time_point last_check{};
-  auto checkFailure = [&](bool now = false) {
-    if (!now && Clock::now() - last_check < kFailureCheckInterval) {
-      return;
-    }
-    last_check = Clock::now();
-    if (store.check(failed_key)) {
-      told = true;
-      SMDDP_THROW(kComm, toString(store.get(failed_key)));
+    if (!told && !failures.seen()) {
+      failures.publish(str("rank ", rank, " could not connect to its peers on other nodes: ", why));
     }
   };
   // After this rank's own connection failed: a peer that failed may be why,
   // and its cause is the one to name (the store failing too changes nothing).
   auto preferPublished = [&] {
     try {
-      checkFailure(true);
+      failures.check(/*now=*/true);
     } catch (const Error&) {
-      if (told) {
+      if (failures.seen()) {
         throw;
       }
     }
@@ -675,7 +660,7 @@ SocketMesh::SocketMesh(
         if ((fds[0].revents & POLLIN) != 0) {
           Fd c;
           try {
-            c = acceptOne(listener.get(), Deadline::after(std::chrono::milliseconds(0)));
+            c = acceptReady(listener.get());
           } catch (const Error& e) {
             throw Error(e.kind(), str("accepting the connections of other nodes at ", listen_address_, ": ", e.what()));
           }
@@ -716,9 +701,9 @@ SocketMesh::SocketMesh(
       for (int s = 0; s < streams; ++s) {
         Fd c;
         try {
-          c = connectTo(peer_addr, deadline, &nic_.address, patience, [&] { checkFailure(); });
+          c = connectTo(peer_addr, deadline, &nic_.address, patience, [&] { failures.check(); });
         } catch (const Error& e) {
-          if (told) {
+          if (failures.seen()) {
             throw;
           }
           preferPublished();
@@ -734,9 +719,9 @@ SocketMesh::SocketMesh(
                       "(SMDDP_SOCKET_IFNAME chooses one)");
         }
         try {
-          handshakeConnect(c.get(), secret, rank, p, s, streams, deadline, [&] { checkFailure(); });
+          handshakeConnect(c.get(), secret, rank, p, s, streams, deadline, [&] { failures.check(); });
         } catch (const Error& e) {
-          if (told) {
+          if (failures.seen()) {
             throw;
           }
           preferPublished();
@@ -750,7 +735,7 @@ SocketMesh::SocketMesh(
     while (!accept_done) {
       done_cv.wait_for(lock, std::chrono::milliseconds(100));
       lock.unlock();
-      checkFailure();
+      failures.check();
       lock.lock();
     }
   } catch (...) {

@@ -173,6 +173,10 @@ Fd acceptOne(int listen_fd, const Deadline& deadline) {
   if (n <= 0) {
     return Fd();
   }
+  return acceptReady(listen_fd);
+}
+
+Fd acceptReady(int listen_fd) {
   Fd c(::accept4(listen_fd, nullptr, nullptr, SOCK_CLOEXEC));
   if (c.get() < 0) {
     const int err = errno;

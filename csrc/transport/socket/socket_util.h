@@ -58,6 +58,8 @@ Fd connectTo(
 // or the connection failed before it was accepted); throws kComm if this
 // process has no descriptor or memory left for it.
 Fd acceptOne(int listen_fd, const Deadline& deadline);
+// The same without waiting, for a listener poll() found readable.
+Fd acceptReady(int listen_fd);
 
 void setNonBlocking(int fd, bool on);
 void setNoDelay(int fd);
