@@ -54,13 +54,6 @@ class LyingStore : public Store {
   std::vector<uint8_t> get(const std::string& key) override {
     return key == key_ ? value_ : inner_.get(key);
   }
-  std::vector<std::vector<uint8_t>> getAll(const std::vector<std::string>& keys) override {
-    std::vector<std::vector<uint8_t>> out;
-    for (const auto& k : keys) {
-      out.push_back(get(k));
-    }
-    return out;
-  }
   int64_t add(const std::string& key, int64_t delta) override {
     return inner_.add(key, delta);
   }

@@ -108,10 +108,18 @@ SMDDP_TEST(connections_are_kept_alive) {
 
 namespace {
 
+// Where `rank` of the mesh "mesh" listens, once it does.
+SockAddr listeningAddress(Store& store, int rank) {
+  std::vector<uint8_t> published;
+  std::string why;
+  EXPECT_TRUE(untag(store.get(str("mesh/addr/", rank)), &published, &why));
+  return SockAddr::parse(toString(published));
+}
+
 // Connects to `addr` and sends junk, as a stranger on the network would.
-void stranger(const std::string& addr, int variant) {
+void stranger(const SockAddr& addr, int variant) {
   try {
-    Fd c = connectTo(SockAddr::parse(addr), Deadline::after(std::chrono::seconds(5)));
+    Fd c = connectTo(addr, Deadline::after(std::chrono::seconds(5)));
     if (variant == 0) {
       const char junk[] = "GET / HTTP/1.0\r\n\r\n";
       ::send(c.get(), junk, sizeof(junk), MSG_NOSIGNAL);
@@ -138,10 +146,7 @@ SMDDP_TEST(strangers_are_dropped_and_peers_talk) {
     if (rank == 1) {
       // Rank 1 listens; strangers knock before rank 0 connects.
       std::thread t([&] {
-        std::vector<uint8_t> published;
-        std::string why;
-        EXPECT_TRUE(untag(store.get("mesh/addr/1"), &published, &why));
-        const std::string addr = toString(published);
+        const SockAddr addr = listeningAddress(store, 1);
         for (int v = 0; v < 3; ++v) {
           stranger(addr, v);
         }
@@ -609,10 +614,7 @@ SMDDP_TEST(silent_connections_do_not_hold_up_the_peers) {
     o.timeout = std::chrono::seconds(30);
     std::vector<Fd> silent;
     if (rank == 0) {
-      std::vector<uint8_t> published;
-      std::string why;
-      EXPECT_TRUE(untag(store.get("mesh/addr/1"), &published, &why));
-      const SockAddr peer = SockAddr::parse(toString(published));
+      const SockAddr peer = listeningAddress(store, 1);
       for (int i = 0; i < 3; ++i) {
         silent.push_back(connectTo(peer, Deadline::after(std::chrono::seconds(5))));
       }
